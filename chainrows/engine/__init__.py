@@ -1,0 +1,1 @@
+"""The batch engine: columnar arrays in, decisions and rows out. No file IO here."""

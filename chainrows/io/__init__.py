@@ -1,0 +1,1 @@
+"""Arrow/Parquet/JSON in and out: schemas, dataset reading and writing, fingerprints."""

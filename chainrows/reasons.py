@@ -1,0 +1,149 @@
+"""Reason codes (SPEC §3) and the detail messages shared by the engine and the reference.
+
+Every masked rollout carries one reason code (a stable string) and one detail. The engine
+and the reference pick the detail from ``DETAILS`` by a small integer, then add the
+offending call or output position, so both produce the same text:
+
+    "<message>: call <call_id>"        when the detail names a call
+    "<message> output position <p>"    when it names an output position
+    "<message>"                        otherwise
+"""
+
+from __future__ import annotations
+
+# Reason codes, indexed by their integer id. 0 means ok.
+OK = 0
+REASONS = (
+    None,  # 0: ok
+    "no_rollout_record",
+    "no_calls",
+    "capture_failed",
+    "reward_invalid",
+    "duplicate_call",
+    "length_mismatch",
+    "no_output",
+    "unmatched_output",
+    "ambiguous_output",
+    "out_of_order",
+    "terminal_mismatch",
+    "accepted_mismatch",
+    "broken_chain",
+    "multiple_roots",
+    "ambiguous_terminal",
+    "walk_mismatch",
+    "missing_tokens",
+    "hash_mismatch",
+    "logprob_invalid",
+)
+REASON_ID = {name: i for i, name in enumerate(REASONS) if name}
+
+# What a detail points at.
+NONE, CALL, POSITION = 0, 1, 2
+
+# Detail id -> (reason, message, what it points at). Order within a reason is the order in
+# which the engine checks (first failure wins). Append only: ids are used by the kernels.
+DETAILS = (
+    (None, "", NONE),  # 0: ok
+    ("no_rollout_record", "rollout id has no row in the rollouts table", NONE),
+    ("no_calls", "rollouts row has no ledger calls", NONE),
+    ("capture_failed", "capture failed (failed = true)", CALL),
+    ("reward_invalid", "reward is null", NONE),
+    ("reward_invalid", "reward is NaN", NONE),
+    ("reward_invalid", "reward is infinite", NONE),
+    ("duplicate_call", "rollout_id repeats in the rollouts table", NONE),
+    ("duplicate_call", "call_id repeats", CALL),
+    ("duplicate_call", "response_id repeats", CALL),
+    ("duplicate_call", "call has several token rows", CALL),
+    ("length_mismatch", "output_ids length differs from output_keys", NONE),
+    ("length_mismatch", "item_ids length differs from item_keys", CALL),
+    ("no_output", "output_keys is empty", NONE),
+    ("unmatched_output", "no call matches the output items starting at", POSITION),
+    ("ambiguous_output", "several calls match the output items starting at", POSITION),
+    ("out_of_order", "selected call is not after the previous selected call in capture order", CALL),
+    ("terminal_mismatch", "terminal_response_id is not the last selected call", NONE),
+    ("terminal_mismatch", "terminal_response_id names no call", NONE),
+    ("accepted_mismatch", "accepted_response_ids differ from the selection", NONE),
+    ("broken_chain", "first selected call is not a root", CALL),
+    ("broken_chain", "parent is not the selected call just before it", CALL),
+    ("multiple_roots", "ledger holds more than one root", NONE),
+    ("ambiguous_terminal", "several leaves and no terminal_response_id", NONE),
+    ("ambiguous_terminal", "no leaf call (parent links form a cycle)", NONE),
+    ("walk_mismatch", "parent_id names no call", CALL),
+    ("walk_mismatch", "parent links form a cycle", CALL),
+    ("walk_mismatch", "walk leaves the chain", CALL),
+    ("missing_tokens", "call has no token row", CALL),
+    ("length_mismatch", "len(tokens) differs from delta_len", CALL),
+    ("length_mismatch", "gen_len outside [1, delta_len]", CALL),
+    ("length_mismatch", "root with prev_len != 0", CALL),
+    ("length_mismatch", "prev_len != parent prev_len + parent delta_len", CALL),
+    ("length_mismatch", "logprobs null or of another length than tokens", CALL),
+    ("hash_mismatch", "recomputed chain hash differs from chain_hash", CALL),
+    ("logprob_invalid", "logprob is NaN or infinite", CALL),
+    ("logprob_invalid", "logprob is non-zero on a carry token", CALL),
+)
+
+DETAIL_ID = {}
+for _i, (_reason, _message, _kind) in enumerate(DETAILS):
+    DETAIL_ID[(_reason, _message)] = _i
+
+# Named detail ids, for kernels (numba sees them as compile-time constants).
+D_NO_ROLLOUT_RECORD = 1
+D_NO_CALLS = 2
+D_CAPTURE_FAILED = 3
+D_REWARD_NULL = 4
+D_REWARD_NAN = 5
+D_REWARD_INF = 6
+D_DUP_ROLLOUT = 7
+D_DUP_CALL_ID = 8
+D_DUP_RESPONSE_ID = 9
+D_DUP_TOKEN_ROW = 10
+D_LEN_OUTPUT_IDS = 11
+D_LEN_ITEM_IDS = 12
+D_NO_OUTPUT = 13
+D_UNMATCHED = 14
+D_AMBIGUOUS = 15
+D_OUT_OF_ORDER = 16
+D_TERMINAL_NOT_LAST = 17
+D_TERMINAL_NO_CALL = 18
+D_ACCEPTED = 19
+D_FIRST_NOT_ROOT = 20
+D_PARENT_NOT_PREVIOUS = 21
+D_MULTIPLE_ROOTS = 22
+D_SEVERAL_LEAVES = 23
+D_NO_LEAF = 24
+D_WALK_MISSING_PARENT = 25
+D_WALK_CYCLE = 26
+D_WALK_LEAVES_CHAIN = 27
+D_MISSING_TOKENS = 28
+D_LEN_TOKENS = 29
+D_LEN_GEN = 30
+D_LEN_ROOT_PREV = 31
+D_LEN_CHILD_PREV = 32
+D_LEN_LOGPROBS = 33
+D_HASH = 34
+D_LOGPROB_NONFINITE = 35
+D_LOGPROB_CARRY = 36
+
+# Reason id of each detail id, for vectorised lookup.
+DETAIL_REASON = tuple(REASON_ID[r] if r else OK for r, _, _ in DETAILS)
+
+
+def format_detail(detail_id: int, call_id: str | None = None, position: int | None = None) -> str | None:
+    """The human detail of a masked rollout; None for ok."""
+    if detail_id == 0:
+        return None
+    _, message, kind = DETAILS[detail_id]
+    if kind == CALL:
+        return f"{message}: call {call_id}"
+    if kind == POSITION:
+        return f"{message} output position {position}"
+    return message
+
+
+def _check_named_ids() -> None:
+    for name, value in globals().items():
+        if name.startswith("D_") and not name.startswith("D__"):
+            assert 0 < value < len(DETAILS), name
+
+
+_check_named_ids()
