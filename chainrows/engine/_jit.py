@@ -10,7 +10,7 @@ import numba
 # process starts in well under a second. error_model="numpy": division never raises, and the
 # kernels avoid it on their hot paths anyway. boundscheck stays off: every offset and index is
 # validated in chainrows.engine.batch before a kernel sees it.
-OPTIONS = dict(nopython=True, nogil=True, cache=True, error_model="numpy", boundscheck=False)
+OPTIONS = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
 # Kernels that split work across threads. NUMBA_NUM_THREADS / chainrows.set_threads() decide how many.
 PARALLEL_OPTIONS = dict(OPTIONS, parallel=True)

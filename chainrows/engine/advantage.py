@@ -1,0 +1,44 @@
+"""GRPO advantages and row weights, SPEC §5 (vectorised numpy: one pass of bincounts per batch)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+EPS = 1e-6
+
+
+def advantages(reward, has_record, group, ok, *, baseline="mean", no_std=False, population="all"):
+    """float64[R] advantage per rollout, NaN where the reward is not finite (reported as null).
+
+    Population: rollouts of the group with a finite reward (``population="ok"``: ok ones only).
+    Fewer than two members: A = 0. ``baseline="loo"``: members use the mean of the others.
+    """
+    if baseline not in ("mean", "loo") or population not in ("all", "ok"):
+        raise ValueError(f"unknown baseline {baseline!r} or population {population!r}")
+    finite = has_record & np.isfinite(reward)
+    member = finite & ok if population == "ok" else finite
+    r = np.where(finite, reward, 0.0)
+    G = int(group.max()) + 1 if len(group) else 0
+    n = np.bincount(group, weights=member.astype(np.float64), minlength=G)
+    s = np.bincount(group, weights=np.where(member, r, 0.0), minlength=G)
+    mean = s / np.maximum(n, 1.0)
+    dev = np.where(member, r - mean[group], 0.0)
+    var = np.bincount(group, weights=dev * dev, minlength=G) / np.maximum(n - 1.0, 1.0)
+    ng = n[group]
+    base = mean[group]
+    if baseline == "loo":
+        base = np.where(member, (s[group] - r) / np.maximum(ng - 1.0, 1.0), base)
+    a = r - base
+    if not no_std:
+        a = a / (np.sqrt(var[group]) + EPS)
+    a = np.where(ng < 2, 0.0, a)
+    return np.where(finite, a, np.nan)
+
+
+def row_weights(num_segments, mode="rollout"):
+    """float32 weight per row: 1 / num_segments (``rollout``) or 1 (``row``)."""
+    if mode == "rollout":
+        return (1.0 / np.maximum(num_segments, 1)).astype(np.float32)
+    if mode == "row":
+        return np.ones(len(num_segments), dtype=np.float32)
+    raise ValueError(f"unknown row weight {mode!r}")

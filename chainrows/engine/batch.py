@@ -1,0 +1,163 @@
+"""The batch model: a batch of rollouts as flat numpy arrays, and its validation.
+
+Ragged data is offsets + content (awkward style): ``x_off`` has one more entry than there
+are owners, and owner ``i`` holds ``x[x_off[i]:x_off[i + 1]]``. Calls are ordered by rollout,
+then capture order, so a call's global index orders capture within its rollout. Index
+sentinels: ``ROOT`` (-1) for no parent / not given, ``MISSING`` (-2) for an id that names no
+call of the rollout.
+
+Every kernel assumes ``Batch.validate()`` passed: Numba does no bounds checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+ROOT = -1  # parent_id null; terminal_response_id null
+MISSING = -2  # an id that names no call of the rollout
+NO_TOKENS = -1  # tok_start / lp_start of a call without a token row (or a null logprobs list)
+
+
+@dataclass
+class Batch:
+    # per rollout (R)
+    call_off: np.ndarray  # int64[R+1] calls of each rollout
+    has_record: np.ndarray  # bool[R] rollout has a rollouts row
+    dup_record: np.ndarray  # bool[R] rollout_id repeats in the rollouts table
+    reward: np.ndarray  # float64[R] NaN when null or no record
+    reward_null: np.ndarray  # bool[R]
+    group: np.ndarray  # int64[R] dense group index (a null group_id is a group of its own)
+    out_off: np.ndarray  # int64[R+1] into out_keys / out_ids / out_served
+    out_keys: np.ndarray  # uint64[O]
+    out_ids: np.ndarray  # int64[O] item-id code, -1 null
+    out_served: np.ndarray  # bool[O] id non-null and served as an item id by some call of the rollout
+    out_ids_bad_len: np.ndarray  # bool[R] output_ids length differs from output_keys
+    terminal: np.ndarray  # int64[R] call index, ROOT when not given, MISSING when it names no call
+    has_acc: np.ndarray  # bool[R] accepted_response_ids given
+    acc_off: np.ndarray  # int64[R+1] into acc_call
+    acc_call: np.ndarray  # int64[A] call index or MISSING
+    fk_off: np.ndarray  # int64[R+1] into fk_key / fk_call
+    fk_key: np.ndarray  # uint64[F] first item key of each call with keys, sorted within the rollout
+    fk_call: np.ndarray  # int64[F] the call of each fk_key
+    # per call (C)
+    parent: np.ndarray  # int64[C] call index, ROOT or MISSING
+    prev_len: np.ndarray  # int64[C]
+    delta_len: np.ndarray  # int64[C]
+    gen_len: np.ndarray  # int64[C]
+    chain_hash: np.ndarray  # uint64[C]
+    failed: np.ndarray  # bool[C]
+    dup_call_id: np.ndarray  # bool[C] a later occurrence of a call_id
+    dup_response_id: np.ndarray  # bool[C] a later occurrence of a response_id
+    dup_tokens: np.ndarray  # bool[C] the call has several token rows
+    item_ids_bad_len: np.ndarray  # bool[C]
+    identified: np.ndarray  # bool[C] served an id that appears in output_ids, or is the terminal
+    key_off: np.ndarray  # int64[C+1] into item_keys / item_ids
+    item_keys: np.ndarray  # uint64[K]
+    item_ids: np.ndarray  # int64[K] item-id code, -1 null
+    tok_start: np.ndarray  # int64[C] into tokens, NO_TOKENS when the call has no token row
+    tok_stop: np.ndarray  # int64[C]
+    tokens: np.ndarray  # int32[T] one flat buffer
+    has_logprobs: bool
+    lp_start: np.ndarray  # int64[C] into logprobs, NO_TOKENS when null or no token row
+    lp_stop: np.ndarray  # int64[C]
+    logprobs: np.ndarray  # float32[P] (empty when has_logprobs is False)
+
+    @property
+    def num_rollouts(self) -> int:
+        return len(self.call_off) - 1
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.parent)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the array when an offset or index could leave its buffer."""
+        R, C = self.num_rollouts, self.num_calls
+        _check_dtypes(self)
+        for name, n in (("has_record", R), ("dup_record", R), ("reward", R), ("reward_null", R),
+                        ("group", R), ("out_ids_bad_len", R), ("terminal", R), ("has_acc", R)):
+            _check_len(name, getattr(self, name), n)
+        for name in ("prev_len", "delta_len", "gen_len", "chain_hash", "failed", "dup_call_id",
+                     "dup_response_id", "dup_tokens", "item_ids_bad_len", "identified",
+                     "tok_start", "tok_stop", "lp_start", "lp_stop"):
+            _check_len(name, getattr(self, name), C)
+        _check_offsets("call_off", self.call_off, C)
+        _check_offsets("out_off", self.out_off, len(self.out_keys), R)
+        _check_len("out_ids", self.out_ids, len(self.out_keys))
+        _check_len("out_served", self.out_served, len(self.out_keys))
+        _check_offsets("acc_off", self.acc_off, len(self.acc_call), R)
+        _check_offsets("fk_off", self.fk_off, len(self.fk_key), R)
+        _check_len("fk_call", self.fk_call, len(self.fk_key))
+        _check_offsets("key_off", self.key_off, len(self.item_keys), C)
+        _check_len("item_ids", self.item_ids, len(self.item_keys))
+        owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.call_off))
+        _check_same_rollout("parent", self.parent, owner, self.call_off, allow=(ROOT, MISSING))
+        _check_same_rollout("terminal", self.terminal, np.arange(R), self.call_off, allow=(ROOT, MISSING))
+        acc_owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.acc_off))
+        _check_same_rollout("acc_call", self.acc_call, acc_owner, self.call_off, allow=(MISSING,))
+        fk_owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.fk_off))
+        _check_same_rollout("fk_call", self.fk_call, fk_owner, self.call_off, allow=())
+        _check_ranges("tok", self.tok_start, self.tok_stop, len(self.tokens))
+        _check_ranges("lp", self.lp_start, self.lp_stop, len(self.logprobs))
+        if len(self.group) and (self.group.min() < 0 or self.group.max() >= R):
+            raise ValueError("group: index outside [0, num_rollouts)")
+
+
+_DTYPES = {
+    "call_off": np.int64, "has_record": np.bool_, "dup_record": np.bool_, "reward": np.float64,
+    "reward_null": np.bool_, "group": np.int64, "out_off": np.int64, "out_keys": np.uint64,
+    "out_ids": np.int64, "out_served": np.bool_, "out_ids_bad_len": np.bool_, "terminal": np.int64,
+    "has_acc": np.bool_, "acc_off": np.int64, "acc_call": np.int64, "fk_off": np.int64,
+    "fk_key": np.uint64, "fk_call": np.int64, "parent": np.int64, "prev_len": np.int64,
+    "delta_len": np.int64, "gen_len": np.int64, "chain_hash": np.uint64, "failed": np.bool_,
+    "dup_call_id": np.bool_, "dup_response_id": np.bool_, "dup_tokens": np.bool_,
+    "item_ids_bad_len": np.bool_, "identified": np.bool_, "key_off": np.int64,
+    "item_keys": np.uint64, "item_ids": np.int64, "tok_start": np.int64, "tok_stop": np.int64,
+    "tokens": np.int32, "lp_start": np.int64, "lp_stop": np.int64, "logprobs": np.float32,
+}
+assert set(_DTYPES) | {"has_logprobs"} == {f.name for f in fields(Batch)}
+
+
+def _check_dtypes(batch: Batch) -> None:
+    for name, dtype in _DTYPES.items():
+        arr = getattr(batch, name)
+        if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.ndim != 1:
+            raise ValueError(f"{name}: expected a 1-D {np.dtype(dtype)} array")
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"{name}: expected a contiguous array")
+
+
+def _check_len(name, arr, n) -> None:
+    if len(arr) != n:
+        raise ValueError(f"{name}: length {len(arr)}, expected {n}")
+
+
+def _check_offsets(name, off, total, owners=None) -> None:
+    if owners is not None and len(off) != owners + 1:
+        raise ValueError(f"{name}: length {len(off)}, expected {owners + 1}")
+    if len(off) == 0 or off[0] != 0 or off[-1] != total:
+        raise ValueError(f"{name}: must start at 0 and end at {total}")
+    if np.any(off[1:] < off[:-1]):
+        raise ValueError(f"{name}: offsets decrease")
+
+
+def _check_same_rollout(name, idx, owner, call_off, allow) -> None:
+    """Every index is an allowed sentinel or a call of the owner's rollout."""
+    real = idx >= 0
+    bad = ~real & ~np.isin(idx, np.asarray(allow, dtype=np.int64))
+    if real.any():
+        r = owner[real]
+        v = idx[real]
+        bad_real = (v < call_off[r]) | (v >= call_off[r + 1])
+        if bad_real.any():
+            raise ValueError(f"{name}: index outside its rollout's calls")
+    if bad.any():
+        raise ValueError(f"{name}: invalid sentinel")
+
+
+def _check_ranges(name, start, stop, size) -> None:
+    present = start != NO_TOKENS
+    if np.any(start[present] < 0) or np.any(stop[present] < start[present]) or np.any(stop[present] > size):
+        raise ValueError(f"{name}_start/{name}_stop: range outside the buffer")

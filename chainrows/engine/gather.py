@@ -1,0 +1,83 @@
+"""Kernels: build rows from the flat token buffer, in two passes (count, then fill).
+
+Plain-Python definition: for each ok rollout and each of its chains k, one row whose tokens
+are the chain's deltas root first, loss_mask 0 on each delta's carry and 1 on its generated
+tokens; for a masked rollout with placeholders, one row of a single 0 token with mask 0.
+"""
+
+from __future__ import annotations
+
+from numba import prange
+
+from chainrows.engine._jit import pjit
+
+
+@pjit
+def row_sizes(chunks, ok, placeholders, row_off, sel_off, sel, sel_len, chain_start, delta_len,
+              gen_len, row_len, row_ncalls, row_prompt, row_segment, loss_tokens):
+    """Pass 1: per row its token count, call count, prompt_len and segment; per rollout loss tokens."""
+    for kk in prange(len(chunks) - 1):
+        for r in range(chunks[kk], chunks[kk + 1]):
+            w = row_off[r]
+            if not ok[r]:
+                if placeholders:
+                    row_len[w] = 1
+                    row_ncalls[w] = 0
+                    row_prompt[w] = 0
+                    row_segment[w] = 0
+                continue
+            s = sel_off[r]
+            w -= 1
+            loss = 0
+            for i in range(sel_len[r]):
+                c = sel[s + i]
+                if chain_start[s + i]:
+                    w += 1
+                    row_len[w] = 0
+                    row_ncalls[w] = 0
+                    row_prompt[w] = delta_len[c] - gen_len[c]
+                    row_segment[w] = w - row_off[r]
+                row_len[w] += delta_len[c]
+                row_ncalls[w] += 1
+                loss += gen_len[c]
+            loss_tokens[r] = loss
+
+
+@pjit
+def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off, sel, sel_len,
+              chain_start, tok_start, delta_len, gen_len, tokens, has_logprobs, lp_start, logprobs,
+              input_ids, loss_mask, out_logprobs, row_calls):
+    """Pass 2: copy each chain's deltas into input_ids (and logprobs), write loss_mask and call lists."""
+    for kk in prange(len(chunks) - 1):
+        for r in range(chunks[kk], chunks[kk + 1]):
+            w = row_off[r]
+            if not ok[r]:
+                if placeholders:
+                    t = tok_off[w]
+                    input_ids[t] = 0
+                    loss_mask[t] = 0
+                    if has_logprobs:
+                        out_logprobs[t] = 0.0
+                continue
+            s = sel_off[r]
+            w -= 1
+            t = 0
+            m = 0
+            for i in range(sel_len[r]):
+                c = sel[s + i]
+                if chain_start[s + i]:
+                    w += 1
+                    t = tok_off[w]
+                    m = call_row_off[w]
+                row_calls[m] = c
+                m += 1
+                d = delta_len[c]
+                src = tok_start[c]
+                carry = d - gen_len[c]
+                input_ids[t:t + d] = tokens[src:src + d]
+                loss_mask[t:t + carry] = 0
+                loss_mask[t + carry:t + d] = 1
+                if has_logprobs:
+                    lsrc = lp_start[c]
+                    out_logprobs[t:t + d] = logprobs[lsrc:lsrc + d]
+                t += d

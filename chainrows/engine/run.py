@@ -1,0 +1,151 @@
+"""The engine's entry points: decide every rollout of a Batch, then gather its rows.
+
+A handful of kernel calls per batch, whatever the number of rollouts: checks, select + cut
+(cc) or terminal walk (ordinary), verify, then two gather passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from chainrows.engine.batch import Batch
+from chainrows.engine.checks import rollout_checks
+from chainrows.engine.chunks import balanced_chunks
+from chainrows.engine.cut import cut_chains, terminal_chain
+from chainrows.engine.gather import fill_rows, row_sizes
+from chainrows.engine.select import select_calls
+from chainrows.engine.verify import verify_chains
+
+MODES = ("cc", "ordinary")
+
+
+@dataclass
+class Decisions:
+    """Per rollout: detail id (0 = ok), offending call/position; the chains of each rollout."""
+
+    detail: np.ndarray  # int32[R]
+    bad_call: np.ndarray  # int64[R] -1 when the detail names no call
+    bad_pos: np.ndarray  # int64[R] -1 when the detail names no output position
+    sel_off: np.ndarray  # int64[R+1] slot of each rollout in sel
+    sel: np.ndarray  # int64 chain calls, root first, chains in order
+    sel_len: np.ndarray  # int64[R] calls used in the slot
+    chain_start: np.ndarray  # uint8 1 where a chain starts
+    n_chains: np.ndarray  # int64[R]
+    num_selected: np.ndarray  # int64[R] as the report defines it
+
+    @property
+    def ok(self) -> np.ndarray:
+        return self.detail == 0
+
+
+@dataclass
+class RowArrays:
+    """Rows as flat arrays: ``row_off[r]`` first row of rollout r; ragged columns by offsets."""
+
+    row_off: np.ndarray  # int64[R+1]
+    row_rollout: np.ndarray  # int64[N]
+    segment: np.ndarray  # int32[N]
+    num_segments: np.ndarray  # int32[N]
+    prompt_len: np.ndarray  # int32[N]
+    tok_off: np.ndarray  # int64[N+1]
+    input_ids: np.ndarray  # int32
+    loss_mask: np.ndarray  # uint8
+    logprobs: np.ndarray | None  # float32, None when the input has none
+    call_off: np.ndarray  # int64[N+1]
+    row_calls: np.ndarray  # int64 call indices
+    loss_tokens: np.ndarray  # int64[R] generated tokens written per rollout
+
+
+def _readonly(batch: Batch) -> Batch:
+    """A copy of the batch holding read-only views, so each kernel compiles for one array type."""
+    views = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, np.ndarray):
+            value = value.view()
+            value.flags.writeable = False
+        views[f.name] = value
+    return Batch(**views)
+
+
+def _chunks(batch: Batch) -> np.ndarray:
+    tok = np.where(batch.tok_start >= 0, batch.tok_stop - batch.tok_start, 0)
+    per_call = np.concatenate(([0], np.cumsum(tok + 1)))
+    return balanced_chunks(per_call[batch.call_off] + np.arange(batch.num_rollouts + 1))
+
+
+def decide(batch: Batch, mode: str = "cc") -> Decisions:
+    """Status of every rollout of the batch per SPEC §3, and its chains."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    batch.validate()
+    b = _readonly(batch)
+    R, C = b.num_rollouts, b.num_calls
+    chunks = _chunks(b)
+    detail = np.zeros(R, dtype=np.int32)
+    bad_call = np.full(R, -1, dtype=np.int64)
+    bad_pos = np.full(R, -1, dtype=np.int64)
+    rollout_checks(chunks, b.call_off, b.has_record, b.dup_record, b.reward, b.reward_null,
+                   b.out_ids_bad_len, b.failed, b.dup_call_id, b.dup_response_id, b.dup_tokens,
+                   b.item_ids_bad_len, detail, bad_call)
+    n_chains = np.zeros(R, dtype=np.int64)
+    sel_len = np.zeros(R, dtype=np.int64)
+    if mode == "cc":
+        sel_off = b.out_off
+        sel = np.full(len(b.out_keys), -1, dtype=np.int64)
+        chain_start = np.zeros(len(b.out_keys), dtype=np.uint8)
+        select_calls(chunks, detail, bad_pos, bad_call, b.out_off, b.out_keys, b.out_ids,
+                     b.out_served, b.terminal, b.has_acc, b.acc_off, b.acc_call, b.fk_off, b.fk_key,
+                     b.fk_call, b.call_off, b.parent, b.identified, b.key_off, b.item_keys,
+                     b.item_ids, sel, sel_len, np.zeros(C, dtype=np.uint8))
+        num_selected = sel_len.copy()
+        cut_chains(chunks, detail, bad_call, sel_off, sel, sel_len, b.parent, chain_start, n_chains)
+    else:
+        sel_off = b.call_off
+        sel = np.full(C, -1, dtype=np.int64)
+        chain_start = np.zeros(C, dtype=np.uint8)
+        terminal_chain(chunks, detail, bad_call, b.call_off, b.parent, b.terminal,
+                       np.zeros(C, dtype=np.uint8), sel, sel_len, chain_start, n_chains)
+        num_selected = sel_len.copy()
+    verify_chains(chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, b.parent,
+                  b.prev_len, b.delta_len, b.gen_len, b.chain_hash, b.tok_start, b.tok_stop,
+                  b.tokens, b.has_logprobs, b.lp_start, b.lp_stop, b.logprobs)
+    n_chains[detail != 0] = 0
+    return Decisions(detail, bad_call, bad_pos, sel_off, sel, sel_len, chain_start, n_chains, num_selected)
+
+
+def gather_rows(batch: Batch, dec: Decisions, placeholders: bool = False) -> RowArrays:
+    """Rows of every ok rollout (and one placeholder per masked rollout when asked)."""
+    b = _readonly(batch)
+    R = b.num_rollouts
+    ok = dec.ok
+    rows_per = np.where(ok, dec.n_chains, 1 if placeholders else 0).astype(np.int64)
+    row_off = np.zeros(R + 1, dtype=np.int64)
+    np.cumsum(rows_per, out=row_off[1:])
+    N = int(row_off[-1])
+    chunks = _chunks(b)
+    row_len = np.zeros(N, dtype=np.int64)
+    row_ncalls = np.zeros(N, dtype=np.int64)
+    prompt = np.zeros(N, dtype=np.int32)
+    segment = np.zeros(N, dtype=np.int32)
+    loss_tokens = np.zeros(R, dtype=np.int64)
+    row_sizes(chunks, ok, placeholders, row_off, dec.sel_off, dec.sel, dec.sel_len, dec.chain_start,
+              b.delta_len, b.gen_len, row_len, row_ncalls, prompt, segment, loss_tokens)
+    tok_off = np.zeros(N + 1, dtype=np.int64)
+    np.cumsum(row_len, out=tok_off[1:])
+    call_off = np.zeros(N + 1, dtype=np.int64)
+    np.cumsum(row_ncalls, out=call_off[1:])
+    T = int(tok_off[-1])
+    input_ids = np.empty(T, dtype=np.int32)
+    loss_mask = np.empty(T, dtype=np.uint8)
+    logprobs = np.empty(T if b.has_logprobs else 0, dtype=np.float32)
+    row_calls = np.empty(int(call_off[-1]), dtype=np.int64)
+    fill_rows(chunks, ok, placeholders, row_off, tok_off, call_off, dec.sel_off, dec.sel, dec.sel_len,
+              dec.chain_start, b.tok_start, b.delta_len, b.gen_len, b.tokens, b.has_logprobs,
+              b.lp_start, b.logprobs, input_ids, loss_mask, logprobs, row_calls)
+    row_rollout = np.repeat(np.arange(R, dtype=np.int64), rows_per)
+    return RowArrays(row_off, row_rollout, segment, rows_per[row_rollout].astype(np.int32), prompt,
+                     tok_off, input_ids, loss_mask, logprobs if b.has_logprobs else None, call_off,
+                     row_calls, loss_tokens)

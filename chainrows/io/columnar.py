@@ -1,0 +1,368 @@
+"""Arrow tables (SPEC §2) -> the engine's Batch, in bulk: no Python loop per rollout or call.
+
+String ids become dense integer codes with Arrow's hash kernels (``pc.unique`` /
+``pc.index_in``); joins on (rollout, id) pairs are composite int64 keys, sorted once and
+probed with ``np.searchsorted``. Rollouts get indices in byte order of their ids, so the
+engine's output is already sorted by rollout_id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from chainrows.engine.batch import MISSING, NO_TOKENS, ROOT, Batch
+from chainrows.io.errors import InputError
+
+
+@dataclass
+class Labels:
+    """The strings that belong to a Batch, for building output tables."""
+
+    rollout_ids: pa.Array  # string[R], sorted
+    group_ids: pa.Array  # string[R], null when no rollouts row or a null group_id
+    call_ids: pa.Array  # string[C], in batch call order
+    orphan_token_rows: int  # token rows that name no ledger call
+
+
+def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple[Batch, Labels]:
+    """Join the three tables into one Batch. Tables must already passed schema checks."""
+    rid = _sorted_unique([ledger["rollout_id"], tokens["rollout_id"], rollouts["rollout_id"]])
+    R = len(rid)
+    l_r = _codes(ledger["rollout_id"], rid)
+    order = np.argsort(l_r, kind="stable")
+    if np.any(order != np.arange(len(order))):
+        ledger = ledger.take(pa.array(order))
+        l_r = l_r[order]
+    C = len(l_r)
+    call_off = _offsets_from_owner(l_r, R)
+
+    # calls: ids -> (rollout, code) keys
+    cdict = _unique([ledger["call_id"], tokens["call_id"]])
+    call_key = _pair_keys(l_r, _codes(ledger["call_id"], cdict), len(cdict))
+    call_index = _KeyIndex(call_key)
+    dup_call_id = call_index.later_duplicates()
+    parent = _parent_index(ledger["parent_id"], l_r, cdict, call_index)
+
+    # tokens join
+    t_r = _codes(tokens["rollout_id"], rid)
+    t_call = call_index.lookup(_pair_keys(t_r, _codes(tokens["call_id"], cdict), len(cdict)))
+    matched = t_call >= 0
+    counts = np.bincount(t_call[matched], minlength=C)
+    dup_tokens = counts > 1
+    tok_row = np.full(C, -1, dtype=np.int64)
+    tok_row[t_call[matched]] = np.flatnonzero(matched)
+    tok_starts, tok_stops, tok_values = _list_parts(tokens["tokens"], "tokens", "tokens")
+    tok_start, tok_stop = _gather_ranges(tok_row, tok_starts, tok_stops)
+    token_buf = _values(tok_values, np.int32, "tokens", "tokens")
+    has_logprobs = "logprobs" in tokens.column_names
+    if has_logprobs:
+        lp_starts, lp_stops, lp_values = _list_parts(tokens["logprobs"], "tokens", "logprobs", null_is_empty=False)
+        lp_start, lp_stop = _gather_ranges(tok_row, lp_starts, lp_stops)
+        lp_buf = _values(lp_values, np.float32, "tokens", "logprobs")
+    else:
+        lp_start = np.full(C, NO_TOKENS, dtype=np.int64)
+        lp_stop = lp_start.copy()
+        lp_buf = np.zeros(0, dtype=np.float32)
+
+    # responses
+    acc_present = "accepted_response_ids" in rollouts.column_names
+    rec = _Records(rollouts, rid)
+    resp_cols = [ledger["response_id"], rec.table["terminal_response_id"]]
+    if acc_present:
+        resp_cols.append(pc.list_flatten(rec.table["accepted_response_ids"]))
+    rdict = _unique(resp_cols)
+    resp_index = _KeyIndex(_pair_keys(l_r, _codes(ledger["response_id"], rdict), len(rdict)))
+    dup_response_id = resp_index.later_duplicates()
+
+    terminal = np.full(R, ROOT, dtype=np.int64)
+    term_col = rec.table["terminal_response_id"]
+    term_given = _np_bool(pc.is_valid(term_col))
+    rr = rec.rollout[term_given]
+    term_codes = _codes(pc.filter(term_col, pa.array(term_given)), rdict, missing=-1)
+    terminal[rr] = _lookup_or_missing(resp_index, rr, term_codes, len(rdict))
+
+    has_acc = np.zeros(R, dtype=bool)
+    acc_len = np.zeros(R, dtype=np.int64)
+    acc_call = np.zeros(0, dtype=np.int64)
+    if acc_present:
+        acc_col = rec.table["accepted_response_ids"]
+        has_acc[rec.rollout] = _np_bool(pc.is_valid(acc_col))
+        lens = _list_lengths(acc_col)
+        acc_len[rec.rollout] = lens
+        acc_values = pc.list_flatten(acc_col)  # null lists contribute nothing
+        owner = np.repeat(rec.rollout, lens)
+        acc_call = _lookup_or_missing(resp_index, owner, _codes(acc_values, rdict, missing=-1), len(rdict))
+    acc_off = _offsets_from_lengths(acc_len)
+
+    # item keys and ids
+    key_starts, key_stops, key_values = _list_parts(ledger["item_keys"], "ledger", "item_keys")
+    key_len = key_stops - key_starts
+    key_off = _offsets_from_lengths(key_len)
+    item_keys = _take_ranges(_values(key_values, np.uint64, "ledger", "item_keys"), key_starts, key_len)
+    out_len = np.zeros(R, dtype=np.int64)
+    o_starts, o_stops, o_values = _list_parts(rec.table["output_keys"], "rollouts", "output_keys")
+    out_len[rec.rollout] = o_stops - o_starts
+    out_off = _offsets_from_lengths(out_len)
+    out_keys = _take_ranges(_values(o_values, np.uint64, "rollouts", "output_keys"), o_starts, o_stops - o_starts)
+
+    id_cols = [pc.list_flatten(ledger["item_ids"]), pc.list_flatten(rec.table["output_ids"])]
+    iddict = _unique(id_cols)
+    item_ids, item_ids_bad_len = _aligned_ids(ledger["item_ids"], key_off, np.arange(C), iddict)
+    out_ids_r, out_bad_r = _aligned_ids(rec.table["output_ids"], out_off, rec.rollout, iddict)
+    out_ids = out_ids_r
+    out_ids_bad_len = np.zeros(R, dtype=bool)
+    out_ids_bad_len[rec.rollout] = out_bad_r
+
+    # which output ids are served by some call, which calls serve an output id
+    call_of_item = np.repeat(np.arange(C, dtype=np.int64), key_len)
+    rollout_of_out = np.repeat(np.arange(R, dtype=np.int64), out_len)
+    Q = max(len(iddict), 1)
+    item_pair = _pair_keys(l_r[call_of_item], item_ids, Q)
+    out_pair = _pair_keys(rollout_of_out, out_ids, Q)
+    out_served = (out_ids >= 0) & np.isin(out_pair, item_pair[item_ids >= 0])
+    serving = (item_ids >= 0) & np.isin(item_pair, out_pair[out_ids >= 0])
+    identified = np.zeros(C, dtype=bool)
+    identified[call_of_item[serving]] = True
+
+    # candidates index: calls with keys, sorted by (rollout, first key)
+    with_keys = np.flatnonzero(key_len > 0)
+    first_key = item_keys[key_off[with_keys]]
+    fk_order = with_keys[np.lexsort((first_key, l_r[with_keys]))]
+    fk_off = _offsets_from_owner(l_r[fk_order], R)
+
+    reward = np.full(R, np.nan)
+    reward_null = np.zeros(R, dtype=bool)
+    reward_col = rec.table["reward"]
+    reward[rec.rollout] = _values(pc.fill_null(reward_col, np.nan).combine_chunks(), np.float64, "rollouts", "reward")
+    reward_null[rec.rollout] = _np_bool(pc.is_null(reward_col))
+    group, group_ids = _groups(rec, R)
+
+    batch = Batch(
+        call_off=call_off, has_record=rec.has_record, dup_record=rec.dup_record, reward=reward,
+        reward_null=reward_null, group=group, out_off=out_off, out_keys=out_keys, out_ids=out_ids,
+        out_served=out_served, out_ids_bad_len=out_ids_bad_len, terminal=terminal, has_acc=has_acc,
+        acc_off=acc_off, acc_call=acc_call, fk_off=fk_off,
+        fk_key=np.ascontiguousarray(item_keys[key_off[fk_order]]), fk_call=fk_order.astype(np.int64),
+        parent=parent, prev_len=_int64(ledger["prev_len"]), delta_len=_int64(ledger["delta_len"]),
+        gen_len=_int64(ledger["gen_len"]), chain_hash=_values(ledger["chain_hash"].combine_chunks(), np.uint64, "ledger", "chain_hash"),
+        failed=_np_bool(ledger["failed"]), dup_call_id=dup_call_id, dup_response_id=dup_response_id,
+        dup_tokens=dup_tokens, item_ids_bad_len=item_ids_bad_len, identified=identified,
+        key_off=key_off, item_keys=item_keys, item_ids=item_ids, tok_start=tok_start,
+        tok_stop=tok_stop, tokens=token_buf, has_logprobs=has_logprobs, lp_start=lp_start,
+        lp_stop=lp_stop, logprobs=lp_buf,
+    )
+    labels = Labels(
+        rollout_ids=rid, group_ids=group_ids, call_ids=ledger["call_id"].combine_chunks(),
+        orphan_token_rows=int((~matched).sum()),
+    )
+    return batch, labels
+
+
+class _KeyIndex:
+    """Sorted int64 keys for exact-match probes; remembers each key's original position."""
+
+    def __init__(self, keys: np.ndarray):
+        self.order = np.argsort(keys, kind="stable")
+        self.sorted = keys[self.order]
+
+    def later_duplicates(self) -> np.ndarray:
+        """bool per original position: an earlier position holds the same key."""
+        dup = np.zeros(len(self.sorted), dtype=bool)
+        same = self.sorted[1:] == self.sorted[:-1]
+        dup[self.order[1:][same]] = True
+        return dup
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Original position of the first occurrence of each key, MISSING when absent or negative."""
+        pos = np.searchsorted(self.sorted, keys, side="left")
+        pos_c = np.minimum(pos, max(len(self.sorted) - 1, 0))
+        hit = (pos < len(self.sorted)) & (keys >= 0)
+        if len(self.sorted):
+            hit &= self.sorted[pos_c] == keys
+        out = np.full(len(keys), MISSING, dtype=np.int64)
+        out[hit] = self.order[pos_c[hit]]
+        return out
+
+
+class _Records:
+    """The first rollouts row of each rollout id, in rollout index order."""
+
+    def __init__(self, rollouts: pa.Table, rid: pa.Array):
+        R = len(rid)
+        ro_r = _codes(rollouts["rollout_id"], rid)
+        uniq, first, counts = np.unique(ro_r, return_index=True, return_counts=True)
+        self.rollout = uniq.astype(np.int64)  # rollout index of each kept record
+        self.table = rollouts.take(pa.array(first.astype(np.int64)))
+        self.has_record = np.zeros(R, dtype=bool)
+        self.has_record[self.rollout] = True
+        self.dup_record = np.zeros(R, dtype=bool)
+        self.dup_record[self.rollout] = counts > 1
+
+
+def _groups(rec: _Records, R: int) -> tuple[np.ndarray, pa.Array]:
+    """Dense group index per rollout; a null group_id (or no record) is a group of its own."""
+    gcol = rec.table["group_id"].combine_chunks()
+    enc = pc.dictionary_encode(gcol)
+    codes = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    G = len(enc.dictionary)
+    raw = G + np.arange(R, dtype=np.int64)
+    valid = codes >= 0
+    raw[rec.rollout[valid]] = codes[valid]
+    _, group = np.unique(raw, return_inverse=True)
+    pos = np.full(R, -1, dtype=np.int64)
+    pos[rec.rollout] = np.arange(len(rec.rollout))
+    group_ids = pc.take(gcol, pa.array(pos, mask=pos < 0))
+    return group.astype(np.int64).reshape(-1), group_ids
+
+
+def _parent_index(parent_col, l_r, cdict, call_index) -> np.ndarray:
+    is_null = _np_bool(pc.is_null(parent_col))
+    code = _codes(parent_col, cdict, missing=-1)
+    found = _pair_keys(l_r, code, len(cdict))
+    parent = call_index.lookup(found)
+    parent[is_null] = ROOT
+    return parent
+
+
+def _aligned_ids(col, dest_off, owners, iddict):
+    """Id codes aligned with the keys' offsets (-1 null) and a bad-length flag per owner.
+
+    ``col`` holds one id list per owner; a null list means every id is null.
+    """
+    total = int(dest_off[-1])
+    out = np.full(total, -1, dtype=np.int64)
+    starts, stops, values = _list_parts(col, "", "", null_is_empty=False)
+    present = starts >= 0
+    lens = np.where(present, stops - starts, 0)
+    want = dest_off[owners + 1] - dest_off[owners]
+    bad = present & (lens != want)
+    good = present & ~bad
+    codes = _codes(values, iddict, missing=-1)
+    src = _range_index(starts[good], lens[good])
+    dst = _range_index(dest_off[owners[good]], lens[good])
+    out[dst] = codes[src]
+    return out, bad
+
+
+# ---- small Arrow/numpy helpers ----
+
+def _unique(cols) -> pa.Array:
+    chunks = []
+    for col in cols:
+        col = col.cast(pa.large_string()) if col.type != pa.large_string() else col
+        chunks.extend(col.chunks if isinstance(col, pa.ChunkedArray) else [col])
+    if not chunks:
+        return pa.array([], pa.large_string())
+    u = pc.unique(pa.chunked_array(chunks, pa.large_string()))
+    return u.filter(pc.is_valid(u))
+
+
+def _sorted_unique(cols) -> pa.Array:
+    u = _unique(cols)
+    return u.take(pc.sort_indices(u)).cast(pa.string())
+
+
+def _codes(col, dictionary, missing=None) -> np.ndarray:
+    """int64 index of each value in dictionary; nulls and misses become ``missing``."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    idx = pc.index_in(col.cast(dictionary.type), value_set=dictionary)
+    if idx.null_count:
+        if missing is None:
+            raise AssertionError("every id is in its dictionary by construction")
+        idx = pc.fill_null(idx, missing)
+    return idx.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _pair_keys(owner, code, n_codes) -> np.ndarray:
+    """owner * n_codes + code as int64; a negative code gives -1 (matches nothing)."""
+    n_codes = max(int(n_codes), 1)
+    if len(owner) and int(owner.max()) >= (2**62) // n_codes:
+        raise InputError("too many distinct ids in one batch to index (reduce the batch size)")
+    key = owner.astype(np.int64) * n_codes + code
+    return np.where(code >= 0, key, -1)
+
+
+def _offsets_from_lengths(lengths) -> np.ndarray:
+    off = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return off
+
+
+def _offsets_from_owner(owner, n) -> np.ndarray:
+    return _offsets_from_lengths(np.bincount(owner, minlength=n).astype(np.int64))
+
+
+def _range_index(starts, lengths) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n), vectorised."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    shift = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths)
+    return shift + np.arange(total, dtype=np.int64)
+
+
+def _take_ranges(values, starts, lengths) -> np.ndarray:
+    """Contiguous copy of values[starts[i]:starts[i]+lengths[i]] for all i; no copy when already so."""
+    if len(starts) and starts[0] == 0 and np.all(starts[1:] == starts[:-1] + lengths[:-1]) and \
+            int(lengths.sum()) == len(values):
+        return np.ascontiguousarray(values)
+    return values[_range_index(starts, lengths)]
+
+
+def _list_parts(col, table, column, null_is_empty=True):
+    """(starts, stops, values) of a list column; starts index into values.
+
+    A null list gives an empty range, or start = NO_TOKENS when ``null_is_empty`` is False.
+    """
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.chunk(0) if arr.num_chunks else pa.array([], arr.type)
+    off = np.asarray(arr.offsets).astype(np.int64)
+    starts, stops = off[:-1].copy(), off[1:].copy()
+    if arr.null_count:
+        null = _np_bool(arr.is_null())
+        stops[null] = starts[null]
+        if not null_is_empty:
+            starts[null] = NO_TOKENS
+            stops[null] = NO_TOKENS
+    return starts, stops, arr.values
+
+
+def _gather_ranges(row, starts, stops):
+    has = row >= 0
+    s = np.full(len(row), NO_TOKENS, dtype=np.int64)
+    e = np.full(len(row), NO_TOKENS, dtype=np.int64)
+    s[has] = starts[row[has]]
+    e[has] = stops[row[has]]
+    return s, e
+
+
+def _values(arr, dtype, table, column) -> np.ndarray:
+    if arr.null_count:
+        raise InputError(f"{table}: column '{column}' holds a null value inside a list")
+    out = arr.to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(out, dtype=dtype)
+
+
+def _list_lengths(col) -> np.ndarray:
+    return pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _lookup_or_missing(index: _KeyIndex, owner, codes, n_codes) -> np.ndarray:
+    return index.lookup(_pair_keys(owner, codes, n_codes))
+
+
+def _int64(col) -> np.ndarray:
+    return np.ascontiguousarray(col.to_numpy(), dtype=np.int64)
+
+
+def _np_bool(col) -> np.ndarray:
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)

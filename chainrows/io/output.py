@@ -1,0 +1,105 @@
+"""Engine arrays -> the ``rows`` and ``report`` Arrow tables of SPEC §4 (vectorised Arrow compute)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from chainrows import reasons
+from chainrows.engine.run import Decisions, RowArrays
+from chainrows.io.columnar import Labels
+from chainrows.io.schema import REPORT_SCHEMA, rows_schema
+
+_MESSAGES = pa.array([m for _, m, _ in reasons.DETAILS], pa.string())
+_KINDS = np.array([k for _, _, k in reasons.DETAILS], dtype=np.int8)
+_REASON_OF = np.array(reasons.DETAIL_REASON, dtype=np.int64)
+_REASON_NAMES = pa.array([r for r in reasons.REASONS], pa.string())
+
+
+def _list_array(offsets: np.ndarray, values: pa.Array) -> pa.Array:
+    if len(values) >= 2**31:
+        return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
+
+
+def _nullable_float(values: np.ndarray, dtype) -> pa.Array:
+    mask = np.isnan(values)
+    return pa.array(values.astype(dtype), mask=mask if mask.any() else None)
+
+
+def rows_table(rows: RowArrays, labels: Labels, reward: np.ndarray, reward_null: np.ndarray,
+               advantage: np.ndarray, weights: np.ndarray) -> pa.Table:
+    """The rows table; per rollout ``reward`` (null where ``reward_null``) and ``advantage`` (NaN = null)."""
+    rr = pa.array(rows.row_rollout)
+    rid = pc.take(labels.rollout_ids, rr)
+    row_id = pc.binary_join_element_wise(rid, pc.cast(pa.array(rows.segment), pa.string()), "_s")
+    reward_rows = reward[rows.row_rollout]
+    reward_arr = pa.array(reward_rows, mask=reward_null[rows.row_rollout])
+    columns = {
+        "row_id": row_id,
+        "rollout_id": rid,
+        "group_id": pc.take(labels.group_ids, rr),
+        "segment": pa.array(rows.segment, pa.int32()),
+        "num_segments": pa.array(rows.num_segments, pa.int32()),
+        "input_ids": _list_array(rows.tok_off, pa.array(rows.input_ids, pa.int32())),
+        "loss_mask": _list_array(rows.tok_off, pa.array(rows.loss_mask, pa.uint8())),
+        "prompt_len": pa.array(rows.prompt_len, pa.int32()),
+        "call_ids": _list_array(rows.call_off, pc.take(labels.call_ids, pa.array(rows.row_calls)).cast(pa.string())),
+        "reward": reward_arr,
+        "advantage": _nullable_float(advantage[rows.row_rollout], np.float32),
+        "weight": pa.array(weights, pa.float32()),
+    }
+    schema = rows_schema(rows.logprobs is not None)
+    if rows.logprobs is not None:
+        columns["logprobs"] = _list_array(rows.tok_off, pa.array(rows.logprobs, pa.float32()))
+    return pa.Table.from_arrays([columns[f.name] for f in schema], schema=_schema_for(schema, columns))
+
+
+def _schema_for(schema: pa.Schema, columns) -> pa.Schema:
+    """The SPEC schema, with large_list where a batch needed 64-bit offsets."""
+    out = []
+    for f in schema:
+        out.append(pa.field(f.name, columns[f.name].type))
+    return pa.schema(out)
+
+
+def detail_strings(detail: np.ndarray, bad_call: np.ndarray, bad_pos: np.ndarray, call_ids: pa.Array) -> pa.Array:
+    """The human detail of every rollout (null when ok), built column-wise."""
+    kinds = _KINDS[detail]
+    msg = pc.take(_MESSAGES, pa.array(detail.astype(np.int64)))
+    names_call = kinds == reasons.CALL
+    calls = pc.take(call_ids.cast(pa.string()), pa.array(np.where(names_call, bad_call, 0), mask=~names_call))
+    with_call = pc.binary_join_element_wise(msg, calls, ": call ")
+    pos = pc.cast(pa.array(bad_pos), pa.string())
+    with_pos = pc.binary_join_element_wise(msg, pos, " output position ")
+    out = pc.if_else(pa.array(names_call), with_call,
+                     pc.if_else(pa.array(kinds == reasons.POSITION), with_pos, msg))
+    return pc.if_else(pa.array(detail == 0), pa.scalar(None, pa.string()), out)
+
+
+def report_table(dec: Decisions, rows: RowArrays, labels: Labels, call_off: np.ndarray,
+                 parent: np.ndarray, reward: np.ndarray, reward_null: np.ndarray,
+                 advantage: np.ndarray) -> pa.Table:
+    """One row per rollout of the batch, sorted by rollout_id."""
+    R = len(dec.detail)
+    ok = dec.ok
+    owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(call_off))
+    num_roots = np.bincount(owner[parent == -1], minlength=R).astype(np.int64)
+    num_rows = np.where(ok, np.diff(rows.row_off), 0).astype(np.int64)
+    reason = pc.take(_REASON_NAMES, pa.array(_REASON_OF[dec.detail]))
+    cols = [
+        labels.rollout_ids,
+        labels.group_ids.cast(pa.string()),
+        pa.array(np.where(ok, "ok", "masked")).cast(pa.string()),
+        reason,
+        detail_strings(dec.detail, dec.bad_call, dec.bad_pos, labels.call_ids),
+        pa.array(num_rows),
+        pa.array(np.diff(call_off).astype(np.int64)),
+        pa.array(dec.num_selected.astype(np.int64)),
+        pa.array(num_roots),
+        pa.array(np.where(ok, rows.loss_tokens, 0).astype(np.int64)),
+        pa.array(reward, mask=reward_null),
+        _nullable_float(advantage, np.float32),
+    ]
+    return pa.Table.from_arrays(cols, schema=REPORT_SCHEMA)
