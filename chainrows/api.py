@@ -41,6 +41,14 @@ def reassemble(ledger, tokens=None, rollouts=None, *, mode: str = "cc", placehol
 
         ds = read_dataset(ledger)
         ledger, tokens, rollouts = ds.ledger, ds.tokens, ds.rollouts
+    return run_tables(ledger, tokens, rollouts, mode=mode, placeholders=placeholders,
+                      baseline=baseline, no_std=no_std, baseline_population=baseline_population,
+                      row_weight=row_weight)[0]
+
+
+def run_tables(ledger, tokens, rollouts, *, mode, placeholders, baseline, no_std,
+               baseline_population, row_weight) -> tuple[Result, int]:
+    """``reassemble`` on Arrow tables; also returns the count of orphan token rows."""
     batch, labels = build_batch(ledger, tokens, rollouts)
     dec = decide(batch, mode)
     rows = gather_rows(batch, dec, placeholders)
@@ -49,8 +57,9 @@ def reassemble(ledger, tokens=None, rollouts=None, *, mode: str = "cc", placehol
     weights = row_weights(rows.num_segments, row_weight)
     weights[~dec.ok[rows.row_rollout]] = 0.0
     reward_null = ~batch.has_record | batch.reward_null
-    return Result(
+    result = Result(
         rows=rows_table(rows, labels, batch.reward, reward_null, adv, weights),
         report=report_table(dec, rows, labels, batch.call_off, batch.parent, batch.reward,
                             reward_null, adv),
     )
+    return result, labels.orphan_token_rows

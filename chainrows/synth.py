@@ -99,6 +99,23 @@ _WORDS = tuple(
     reward group batch kernel loop branch retry compaction summary history context step plan done
     ok good fine wrong bug issue patch diff commit update method class module package import""".split()
 )
+
+def _phrase_pool(n: int = 4096) -> tuple[str, ...]:
+    r = random.Random(20240601)
+    return tuple(" ".join(r.choices(_WORDS, k=r.randint(2, 5))) for _ in range(n))
+
+
+# Item texts are joined random phrases of this fixed pool (a 12-bit draw each): fast, and
+# with 2+ phrases per text (and a random call_id in every function_call) equal content
+# within a rollout happens only where a corruption puts it.
+_PHRASES = _phrase_pool()
+
+
+def _text(r: random.Random, k: int) -> str:
+    bits, p = r.getrandbits, _PHRASES
+    return " ".join([p[bits(12)] for _ in range(k)])
+
+
 _TOOLS = (
     ("bash", "command"),
     ("read_file", "path"),
@@ -173,21 +190,21 @@ def _hex(r: random.Random, n: int = 16) -> str:
 def _items(r: random.Random, final: bool, with_ids: float) -> tuple[list[int], list]:
     """item_keys and item_ids of one call: [reasoning?] [message?] (function_call | message)."""
     keys, ids = [], []
-    words = _WORDS
-    if r.random() < 0.75:
-        keys.append(_key(_reasoning_canonical(" ".join(r.choices(words, k=r.randint(5, 14))))))
-        ids.append("rs_" + _hex(r) if r.random() < with_ids else None)
+    rand = r.random
+    if rand() < 0.75:
+        keys.append(_key(_reasoning_canonical(_text(r, 2 + r.getrandbits(2)))))
+        ids.append("rs_" + _hex(r) if rand() < with_ids else None)
     if final:
-        keys.append(_key(_message_canonical(" ".join(r.choices(words, k=r.randint(4, 24))))))
-        ids.append("msg_" + _hex(r) if r.random() < with_ids else None)
+        keys.append(_key(_message_canonical(_text(r, 2 + r.getrandbits(3)))))
+        ids.append("msg_" + _hex(r) if rand() < with_ids else None)
         return keys, ids
-    if r.random() < 0.12:
-        keys.append(_key(_message_canonical(" ".join(r.choices(words, k=r.randint(3, 12))))))
-        ids.append("msg_" + _hex(r) if r.random() < with_ids else None)
+    if rand() < 0.12:
+        keys.append(_key(_message_canonical(_text(r, 1 + r.getrandbits(2)))))
+        ids.append("msg_" + _hex(r) if rand() < with_ids else None)
     name, arg = _TOOLS[r.randrange(len(_TOOLS))]
-    arguments = '{"' + arg + '":"' + " ".join(r.choices(words, k=r.randint(2, 8))) + '"}'
+    arguments = '{"' + arg + '":"' + _text(r, 1 + r.getrandbits(1)) + '"}'
     keys.append(_key(_function_call_canonical("call_" + _hex(r, 12), name, arguments)))
-    ids.append("fc_" + _hex(r) if r.random() < with_ids else None)
+    ids.append("fc_" + _hex(r) if rand() < with_ids else None)
     return keys, ids
 
 

@@ -225,7 +225,7 @@ def _secret_at(o, seed):
 # ---- length classes ------------------------------------------------------------------------------
 
 
-@jit
+@jit(inline="always")
 def _hash_short(tokens, start, n, seed):
     """0..240 bytes (n <= 60 tokens): XXH3_len_0to16, XXH3_len_17to128, XXH3_len_129to240."""
     length = np.uint64(4 * n)
@@ -277,8 +277,7 @@ def _long_accumulate_codegen(context, builder, signature, args):
     The last stripe reads the input at token last_off and the secret at byte 121 (unaligned).
     """
     arr_t = signature.args[0]
-    tokens, start, n_stripes, full, last_off, seed = args
-    i8 = ir.IntType(8)
+    tokens, start, n_blocks, n_rest, last_off, seed = args
     i32 = ir.IntType(32)
     i64 = ir.IntType(64)
     v8 = ir.VectorType(i64, 8)
@@ -289,15 +288,25 @@ def _long_accumulate_codegen(context, builder, signature, args):
     ary = context.make_array(arr_t)(context, builder, tokens)
     data = builder.gep(ary.data, [start])  # i32*, first token
 
-    # customSecret(seed) as 24 aligned little-endian words on the stack (XXH3_initCustomSecret).
-    sec = cgutils.alloca_once(builder, ir.ArrayType(i64, 24), name="xxh3_secret")
-    neg = builder.sub(ir.Constant(i64, 0), seed)
+    # customSecret(seed) (XXH3_initCustomSecret): aligned word w is _K8[w] + seed for even w and
+    # _K8[w] - seed for odd w, i.e. the default words plus an alternating seed vector.
     zero32 = ir.Constant(i32, 0)
-    for j in range(24):
-        word = builder.add(ir.Constant(i64, int(_K8[j])), neg if j & 1 else seed)
-        builder.store(word, builder.gep(sec, [zero32, ir.Constant(i32, j)]))
-    sec64 = builder.gep(sec, [zero32, zero32])  # i64*
-    sec8 = builder.bitcast(sec64, i8.as_pointer())
+    k8_type = ir.ArrayType(i64, 24)
+    k8_global = cgutils.global_constant(
+        builder, "xxh3_k8", ir.Constant(k8_type, [ir.Constant(i64, int(x)) for x in _K8])
+    )
+    k8 = builder.gep(k8_global, [zero32, zero32])  # i64*
+    neg = builder.sub(ir.Constant(i64, 0), seed)
+    undef8 = ir.Constant(v8, ir.Undefined)
+    seed_v = builder.insert_element(undef8, seed, zero32)
+    neg_v = builder.insert_element(undef8, neg, zero32)
+
+    def mask(idx):
+        return ir.Constant(ir.VectorType(i32, 8), [ir.Constant(i32, k) for k in idx])
+
+    # sign_even: (+seed, -seed, +seed, ...), the pattern of stripes starting at an even word.
+    sign_even = builder.shuffle_vector(seed_v, neg_v, mask([0, 8] * 4))
+    sign_odd = builder.shuffle_vector(seed_v, neg_v, mask([8, 0] * 4))
 
     def load_v8(ptr, align):
         return builder.load(builder.bitcast(ptr, v8.as_pointer()), align=align)
@@ -312,63 +321,83 @@ def _long_accumulate_codegen(context, builder, signature, args):
         swapped = builder.shuffle_vector(d, ir.Constant(v8, ir.Undefined), swap)
         return builder.add(acc, builder.add(swapped, prod))
 
+    def scramble(acc):
+        x = builder.xor(acc, builder.lshr(acc, splat(47)))
+        return builder.mul(builder.xor(x, scr_key), splat(_P32_1))
+
+    def key_at(w, sign):  # custom secret words w .. w+7
+        return builder.add(load_v8(builder.gep(k8, [w]), 8), sign)
+
+    def stripe_at(base, s):  # input of stripe s counted from token pointer base
+        return load_v8(builder.gep(base, [builder.mul(s, ir.Constant(i64, 16))]), 4)
+
     init = ir.Constant(
         v8, [ir.Constant(i64, int(x)) for x in (_P32_3, _P64_1, _P64_2, _P64_3, _P64_4, _P32_2, _P64_5, _P32_1)]
     )
-    scr_key = load_v8(builder.gep(sec64, [ir.Constant(i64, 16)]), 8)
+    scr_key = key_at(ir.Constant(i64, 16), sign_even)
+    keys = [key_at(ir.Constant(i64, w), sign_odd if w & 1 else sign_even) for w in range(16)]
 
+    # Full blocks: 16 stripes unrolled, then the scramble.
     entry = builder.block
-    head = builder.append_basic_block("xxh3_stripe_head")
-    body = builder.append_basic_block("xxh3_stripe_body")
-    scramble = builder.append_basic_block("xxh3_scramble")
-    latch = builder.append_basic_block("xxh3_stripe_latch")
+    bhead = builder.append_basic_block("xxh3_block_head")
+    bbody = builder.append_basic_block("xxh3_block_body")
+    shead = builder.append_basic_block("xxh3_stripe_head")
+    sbody = builder.append_basic_block("xxh3_stripe_body")
     done = builder.append_basic_block("xxh3_stripes_done")
-    builder.branch(head)
+    builder.branch(bhead)
 
-    builder.position_at_end(head)
-    s = builder.phi(i64, name="stripe")
+    builder.position_at_end(bhead)
+    blk = builder.phi(i64, name="block")
     acc = builder.phi(v8, name="acc")
-    s.add_incoming(ir.Constant(i64, 0), entry)
+    blk.add_incoming(ir.Constant(i64, 0), entry)
     acc.add_incoming(init, entry)
-    builder.cbranch(builder.icmp_signed("<", s, n_stripes), body, done)
+    builder.cbranch(builder.icmp_signed("<", blk, n_blocks), bbody, shead)
 
-    builder.position_at_end(body)
-    w = builder.and_(s, ir.Constant(i64, 15))
-    d = load_v8(builder.gep(data, [builder.mul(s, ir.Constant(i64, 16))]), 4)
-    key = load_v8(builder.gep(sec64, [w]), 8)
-    acc1 = accumulate(acc, d, key)
-    end_of_block = builder.and_(
-        builder.icmp_unsigned("==", w, ir.Constant(i64, 15)), builder.icmp_signed("<", s, full)
-    )
-    builder.cbranch(end_of_block, scramble, latch)
+    builder.position_at_end(bbody)
+    base = builder.gep(data, [builder.mul(blk, ir.Constant(i64, 256))])
+    a = acc
+    for w in range(16):
+        a = accumulate(a, stripe_at(base, ir.Constant(i64, w)), keys[w])
+    a = scramble(a)
+    blk.add_incoming(builder.add(blk, ir.Constant(i64, 1)), bbody)
+    acc.add_incoming(a, bbody)
+    builder.branch(bhead)
 
-    builder.position_at_end(scramble)
-    x = builder.xor(acc1, builder.lshr(acc1, splat(47)))
-    acc2 = builder.mul(builder.xor(x, scr_key), splat(_P32_1))
-    builder.branch(latch)
+    # The last, partial block: n_rest < 16 stripes, no scramble.
+    builder.position_at_end(shead)
+    s = builder.phi(i64, name="stripe")
+    acc2 = builder.phi(v8, name="acc")
+    s.add_incoming(ir.Constant(i64, 0), bhead)
+    acc2.add_incoming(acc, bhead)
+    base = builder.gep(data, [builder.mul(n_blocks, ir.Constant(i64, 256))])
+    builder.cbranch(builder.icmp_signed("<", s, n_rest), sbody, done)
 
-    builder.position_at_end(latch)
-    acc3 = builder.phi(v8)
-    acc3.add_incoming(acc1, body)
-    acc3.add_incoming(acc2, scramble)
-    s.add_incoming(builder.add(s, ir.Constant(i64, 1)), latch)
-    acc.add_incoming(acc3, latch)
-    builder.branch(head)
+    builder.position_at_end(sbody)
+    odd = builder.trunc(s, ir.IntType(1))
+    a = accumulate(acc2, stripe_at(base, s), key_at(s, builder.select(odd, sign_odd, sign_even)))
+    s.add_incoming(builder.add(s, ir.Constant(i64, 1)), sbody)
+    acc2.add_incoming(a, sbody)
+    builder.branch(shead)
 
+    acc = acc2
     builder.position_at_end(done)
     d = load_v8(builder.gep(data, [last_off]), 4)
-    key = load_v8(builder.gep(sec8, [ir.Constant(i64, 192 - 64 - 7)]), 1)
+    # Secret at byte 121 = 8 * 15 + 1: word 15 + i shifted down a byte, word 16 + i shifted up 7.
+    lo = key_at(ir.Constant(i64, 15), sign_odd)
+    hi = key_at(ir.Constant(i64, 16), sign_even)
+    key = builder.or_(builder.lshr(lo, splat(8)), builder.shl(hi, splat(56)))
     acc4 = accumulate(acc, d, key)
     lanes = [builder.extract_element(acc4, ir.Constant(i32, k)) for k in range(8)]
     return context.make_tuple(builder, signature.return_type, lanes)
 
 
 @intrinsic
-def _long_accumulate(typingctx, tokens, start, n_stripes, full, last_off, seed):
+def _long_accumulate(typingctx, tokens, start, n_blocks, n_rest, last_off, seed):
     """The 8 accumulators of XXH3_hashLong after all stripes (see _long_accumulate_codegen).
 
-    tokens must be a C-contiguous 1-D int32 array; start, n_stripes, full, last_off are int64 token /
-    stripe counts, seed the uint64 seed.
+    tokens must be a C-contiguous 1-D int32 array; start (token index), n_blocks (full 1024-byte
+    blocks), n_rest (stripes of the partial block, < 16), last_off (token offset of the last stripe
+    from start) are int64, seed the uint64 seed.
     """
     if not (isinstance(tokens, types.Array) and tokens.ndim == 1 and tokens.dtype == types.int32):
         raise TypingError("xxh3: tokens must be a 1-D int32 array")
@@ -378,7 +407,7 @@ def _long_accumulate(typingctx, tokens, start, n_stripes, full, last_off, seed):
     return sig, _long_accumulate_codegen
 
 
-@jit
+@jit(inline="always")
 def _hash_long(tokens, start, n, seed):
     """> 240 bytes (n >= 61 tokens): XXH3_hashLong_64b_withSeed with the 192-byte secret.
 
@@ -386,11 +415,10 @@ def _hash_long(tokens, start, n, seed):
     ((len - 1) % 1024) // 64 stripes, then one more stripe ends exactly at the input's end.
     """
     nbytes = 4 * n
-    nb_blocks = (nbytes - 1) // 1024
-    full = nb_blocks * 16
-    n_stripes = full + ((nbytes - 1) - 1024 * nb_blocks) // 64
+    n_blocks = (nbytes - 1) // 1024
+    n_rest = ((nbytes - 1) - 1024 * n_blocks) // 64
     a0, a1, a2, a3, a4, a5, a6, a7 = _long_accumulate(
-        tokens, np.int64(start), np.int64(n_stripes), np.int64(full), np.int64(n - 16), seed
+        tokens, np.int64(start), np.int64(n_blocks), np.int64(n_rest), np.int64(n - 16), seed
     )
     # XXH3_mergeAccs with the secret at byte 11 (unaligned), start len * PRIME64_1.
     r = np.uint64(nbytes) * _P64_1

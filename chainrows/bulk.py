@@ -1,0 +1,238 @@
+"""Reassemble a dataset directory into ``OUT/rows.parquet`` and ``OUT/report.parquet`` under a
+memory budget.
+
+Small datasets (estimated peak within the budget) are read, decided and written in one go.
+Larger ones are hash-partitioned by group into K spill buckets (chainrows.io.partition), each
+bucket is reassembled alone, and the sorted bucket outputs are merged by rollout_id. Both paths
+write through RowGroupWriter, so the output bytes do not depend on the budget or batch size.
+Everything is staged in a temp directory inside OUT and moved into place at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from chainrows.api import run_tables
+from chainrows.io.dataset import read_dataset, table_files, table_schema
+from chainrows.io.partition import partition
+from chainrows.io.rowgroups import RowGroupWriter
+from chainrows.io.schema import REPORT_SCHEMA, rows_schema
+from chainrows.io.write import AtomicOutput
+from chainrows.progress import Progress, human_bytes
+
+DEFAULT_BUDGET = 4 << 30  # a laptop's worth
+# Peak RSS of the in-memory path relative to the uncompressed input, measured on synth data
+# (input arrays + Batch + gathered rows + Arrow output tables + writer buffers).
+PEAK_FACTOR = 4.0
+BASE_RSS = 300 << 20  # interpreter + numba + pyarrow before any data
+
+
+@dataclass
+class Summary:
+    rollouts: int = 0
+    ok: int = 0
+    reasons: Counter = field(default_factory=Counter)
+    rows: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    calls: int = 0
+    unselected_calls: int = 0
+    orphan_token_rows: int = 0
+    input_bytes: int = 0
+    buckets: int = 1
+    seconds: float = 0.0
+
+    def add(self, rows: pa.Table, report: pa.Table, orphans: int) -> None:
+        status = report["status"].to_numpy(zero_copy_only=False)
+        ok = status == "ok"
+        self.rollouts += report.num_rows
+        self.ok += int(ok.sum())
+        reasons = report["reason"].filter(pa.array(~ok)).value_counts()
+        for item in reasons.to_pylist():
+            self.reasons[item["values"]] += item["counts"]
+        self.rows += int(np.asarray(report["num_rows"]).sum())
+        self.tokens += int(pc.sum(pc.list_value_length(rows["input_ids"]).filter(
+            pc.greater(rows["weight"], 0))).as_py() or 0) if rows.num_rows else 0
+        self.loss_tokens += int(np.asarray(report["loss_tokens"]).sum())
+        calls = np.asarray(report["num_calls"])
+        self.calls += int(calls.sum())
+        self.unselected_calls += int((calls - np.asarray(report["num_selected"]))[ok].sum())
+        self.orphan_token_rows += orphans
+
+    def format(self) -> str:
+        masked = self.rollouts - self.ok
+        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        lines = [
+            ("rollouts", f"{self.rollouts:,}"),
+            ("  ok", f"{self.ok:,}"),
+            ("  masked", f"{masked:,}"),
+        ]
+        for reason, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append((f"    {reason}", f"{n:,}"))
+        lines += [
+            ("rows", f"{self.rows:,}"),
+            ("tokens", f"{self.tokens:,}"),
+            ("loss tokens", f"{self.loss_tokens:,}"),
+            ("calls", f"{self.calls:,}"),
+            ("  unselected (ok rollouts)", f"{self.unselected_calls:,}"),
+            ("orphan token rows", f"{self.orphan_token_rows:,}"),
+            ("input (uncompressed)", human_bytes(self.input_bytes)),
+            ("buckets", f"{self.buckets:,}"),
+            ("time", f"{self.seconds:.2f} s"),
+            ("throughput", f"{self.rollouts / max(self.seconds, 1e-9):,.0f} rollouts/s, "
+                           f"{rate / 1e6:,.1f} M tokens/s"),
+        ]
+        width = max(len(k) for k, _ in lines)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def input_bytes(dataset_dir) -> dict[str, int]:
+    """Uncompressed bytes of each table, from Parquet footers (no data read)."""
+    out = {}
+    for name in ("ledger", "tokens", "rollouts"):
+        total = 0
+        for f in table_files(dataset_dir, name):
+            md = pq.ParquetFile(f).metadata
+            total += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        out[name] = total
+    return out
+
+
+def plan_buckets(total_bytes: int, budget: int) -> int:
+    """Number of spill buckets so that one bucket's estimated peak fits the budget."""
+    usable = max(budget - BASE_RSS, budget // 4)
+    return max(1, math.ceil(total_bytes * PEAK_FACTOR / usable))
+
+
+def run(dataset_dir, out_dir, *, mode="cc", placeholders=False, baseline="mean", no_std=False,
+        baseline_population="all", row_weight="rollout", memory_budget=DEFAULT_BUDGET,
+        buckets: int | None = None, progress: bool | None = None) -> Summary:
+    """Reassemble ``dataset_dir`` into ``out_dir``; returns the run's summary."""
+    t0 = time.perf_counter()
+    opts = dict(mode=mode, placeholders=placeholders, baseline=baseline, no_std=no_std,
+                baseline_population=baseline_population, row_weight=row_weight)
+    sizes = input_bytes(dataset_dir)
+    total = sum(sizes.values())
+    k = buckets or plan_buckets(total, memory_budget)
+    has_lp = "logprobs" in table_schema(dataset_dir, "tokens").names
+    summary = Summary(input_bytes=total, buckets=k)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with AtomicOutput(out) as staged:
+        rows_w, report_w = _final_writers(staged, has_lp)
+        try:
+            if k == 1:
+                bar = Progress("reassemble", 1, enabled=progress, unit="steps")
+                ds = read_dataset(dataset_dir)
+                result, orphans = run_tables(ds.ledger, ds.tokens, ds.rollouts, **opts)
+                del ds
+                summary.add(result.rows, result.report, orphans)
+                rows_w.write(result.rows)
+                report_w.write(result.report)
+                bar.advance(1)
+                bar.close()
+            else:
+                _run_partitioned(dataset_dir, staged, k, opts, memory_budget, total, summary,
+                                 rows_w, report_w, has_lp, progress)
+        finally:
+            rows_w.close()
+            report_w.close()
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _final_writers(staged: AtomicOutput, has_lp: bool):
+    rows_w = RowGroupWriter(staged.reserve_file("rows"), rows_schema(has_lp), unit_column="input_ids")
+    report_w = RowGroupWriter(staged.reserve_file("report"), REPORT_SCHEMA)
+    return rows_w, report_w
+
+
+def _run_partitioned(dataset_dir, staged, k, opts, budget, total, summary, rows_w, report_w,
+                     has_lp, progress):
+    spill = staged.tmp_dir / ".spill"
+    batch_rows = _batch_rows(dataset_dir, budget)
+    bar = Progress("partition", total, enabled=progress)
+    dirs = partition(dataset_dir, spill, k, batch_rows, bar)
+    bar.close()
+    bar = Progress("reassemble", k, enabled=progress, unit="buckets")
+    outs = []
+    for b, d in enumerate(dirs):
+        ds = read_dataset(d)
+        result, orphans = run_tables(ds.ledger, ds.tokens, ds.rollouts, **opts)
+        del ds
+        summary.add(result.rows, result.report, orphans)
+        rows_f, report_f = d / "out-rows.parquet", d / "out-report.parquet"
+        pq.write_table(result.rows.cast(rows_schema(has_lp)) if result.rows.num_rows < 2**20 else result.rows,
+                       rows_f, compression="lz4", use_dictionary=False)
+        pq.write_table(result.report, report_f, compression="lz4", use_dictionary=False)
+        for name in ("ledger", "tokens", "rollouts"):
+            (d / f"{name}.parquet").unlink()
+        outs.append((rows_f, report_f))
+        bar.advance(1)
+        del result
+    bar.close()
+    merge_rows = max(64, budget // (8 * k * max(_avg_row_bytes(outs), 1)))
+    _merge_sorted([o[0] for o in outs], rows_w, int(merge_rows))
+    _merge_sorted([o[1] for o in outs], report_w, 65536)
+    shutil.rmtree(spill, ignore_errors=True)
+
+
+def _avg_row_bytes(outs) -> int:
+    rows = sum(pq.ParquetFile(r).metadata.num_rows for r, _ in outs)
+    size = 0
+    for r, _ in outs:
+        md = pq.ParquetFile(r).metadata
+        size += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    return size // max(rows, 1)
+
+
+def _batch_rows(dataset_dir, budget) -> int:
+    """Rows per input batch while partitioning: about budget / 16 bytes of tokens per batch."""
+    files = table_files(dataset_dir, "tokens")
+    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    size = 0
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        size += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    per_row = max(size / max(rows, 1), 1.0)
+    return int(max(256, min(1 << 20, (budget / 16) / per_row)))
+
+
+def _merge_sorted(files, writer: RowGroupWriter, batch_rows: int) -> None:
+    """k-way merge of files sorted by rollout_id (ids disjoint across files), batch at a time."""
+    iters = [pq.ParquetFile(f).iter_batches(batch_size=batch_rows) for f in files]
+    bufs: list[pa.Table | None] = [None] * len(iters)
+
+    def refill(i):
+        while bufs[i] is None or bufs[i].num_rows == 0:
+            nxt = next(iters[i], None)
+            if nxt is None:
+                bufs[i] = None
+                return
+            bufs[i] = pa.Table.from_batches([nxt])
+
+    for i in range(len(iters)):
+        refill(i)
+    while any(b is not None for b in bufs):
+        live = [i for i, b in enumerate(bufs) if b is not None]
+        bound = min(bufs[i]["rollout_id"][-1].as_py() for i in live)
+        pieces = []
+        for i in live:
+            n = int(pc.sum(pc.less_equal(bufs[i]["rollout_id"], bound)).as_py() or 0)
+            if n:
+                pieces.append(bufs[i].slice(0, n))
+                bufs[i] = bufs[i].slice(n)
+            refill(i)
+        merged = pa.concat_tables(pieces)
+        keys = [("rollout_id", "ascending")] + ([("segment", "ascending")] if "segment" in merged.column_names else [])
+        writer.write(merged.take(pc.sort_indices(merged, sort_keys=keys)))

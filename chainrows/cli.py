@@ -1,0 +1,202 @@
+"""The ``chainrows`` command line: reassemble, synth, import-jsonl, stats (SPEC §7).
+
+Exit codes: 0 ran (masked rollouts included), 2 unusable input or bad arguments, 1 an internal
+error (one line; set CHAINROWS_DEBUG=1 for the traceback), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '512MB', '1e9' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 4GiB or 512MB)")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value < 1 << 20:
+        raise argparse.ArgumentTypeError(f"memory budget {text!r} is below 1 MiB")
+    return int(value)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="chainrows", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command")
+
+    r = sub.add_parser("reassemble", help="dataset -> OUT/rows.parquet + OUT/report.parquet")
+    r.add_argument("dataset")
+    r.add_argument("out")
+    _reassemble_options(r)
+
+    s = sub.add_parser("synth", help="write a synthetic SPEC §2 dataset")
+    s.add_argument("out")
+    s.add_argument("--rollouts", type=_positive, default=1000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--group-size", type=int, default=4)
+    s.add_argument("--compaction-rate", type=float, default=0.3)
+    s.add_argument("--retry-rate", type=float, default=0.15)
+    s.add_argument("--corrupt-rate", type=float, default=0.05)
+    s.add_argument("--mean-gen-tokens", type=int, default=200)
+    s.add_argument("--no-logprobs", action="store_true")
+
+    j = sub.add_parser("import-jsonl", help="raw JSON Lines (docs/jsonl.md) -> SPEC §2 dataset")
+    j.add_argument("ledger")
+    j.add_argument("tokens")
+    j.add_argument("results")
+    j.add_argument("out")
+
+    st = sub.add_parser("stats", help="what a dataset holds, and what cc recovers over ordinary capture")
+    st.add_argument("dataset")
+    st.add_argument("--memory-budget", type=parse_size, default=None)
+    st.add_argument("--threads", type=int, default=None)
+    st.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    return p
+
+
+def _reassemble_options(r):
+    r.add_argument("--mode", choices=("cc", "ordinary"), default="cc")
+    r.add_argument("--placeholders", action="store_true",
+                   help="write one zero-weight placeholder row per masked rollout")
+    r.add_argument("--baseline", choices=("mean", "loo"), default="mean")
+    r.add_argument("--no-std", action="store_true", help="A = r - baseline (no std division)")
+    r.add_argument("--baseline-population", choices=("all", "ok"), default="all")
+    r.add_argument("--row-weight", choices=("rollout", "row"), default="rollout")
+    r.add_argument("--memory-budget", type=parse_size, default=None,
+                   help="peak memory to stay under, e.g. 4GiB (default 4GiB)")
+    r.add_argument("--buckets", type=int, default=None, help=argparse.SUPPRESS)
+    r.add_argument("--threads", type=int, default=None, help="kernel threads (default: all cores)")
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+
+
+def _set_threads(n):
+    if n:
+        import numba
+
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+def cmd_reassemble(a) -> int:
+    from chainrows import bulk
+
+    _set_threads(a.threads)
+    summary = bulk.run(a.dataset, a.out, mode=a.mode, placeholders=a.placeholders,
+                       baseline=a.baseline, no_std=a.no_std,
+                       baseline_population=a.baseline_population, row_weight=a.row_weight,
+                       memory_budget=a.memory_budget or bulk.DEFAULT_BUDGET, buckets=a.buckets,
+                       progress=a.progress)
+    print(f"chainrows reassemble ({a.mode}) {a.dataset} -> {a.out}")
+    print(summary.format())
+    return 0
+
+
+def cmd_synth(a) -> int:
+    from chainrows.synth import write_synth_dataset
+
+    t0 = time.perf_counter()
+    info = write_synth_dataset(a.out, a.rollouts, a.seed, group_size=a.group_size,
+                               compaction_rate=a.compaction_rate, retry_rate=a.retry_rate,
+                               corrupt_rate=a.corrupt_rate, mean_gen_tokens=a.mean_gen_tokens,
+                               logprobs=not a.no_logprobs)
+    dt = time.perf_counter() - t0
+    print(f"chainrows synth -> {a.out}")
+    for k, v in info.items():
+        print(f"{k:<10} {v:,}" if isinstance(v, int) else f"{k:<10} {v}")
+    print(f"{'time':<10} {dt:.2f} s")
+    return 0
+
+
+def cmd_import_jsonl(a) -> int:
+    from chainrows.io.jsonl import import_jsonl
+    from chainrows.io.write import write_dataset_atomic
+
+    t0 = time.perf_counter()
+    ledger, tokens, rollouts = import_jsonl(a.ledger, a.tokens, a.results)
+    write_dataset_atomic(a.out, ledger, tokens, rollouts)
+    print(f"chainrows import-jsonl -> {a.out}")
+    print(f"{'rollouts':<10} {rollouts.num_rows:,}\n{'calls':<10} {ledger.num_rows:,}\n"
+          f"{'tokens':<10} {tokens.num_rows:,} rows\n{'time':<10} {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def cmd_stats(a) -> int:
+    import tempfile
+
+    from chainrows import bulk
+
+    _set_threads(a.threads)
+    budget = a.memory_budget or bulk.DEFAULT_BUDGET
+    with tempfile.TemporaryDirectory(prefix="chainrows-stats-") as tmp:
+        cc = bulk.run(a.dataset, os.path.join(tmp, "cc"), mode="cc", memory_budget=budget, progress=a.progress)
+        od = bulk.run(a.dataset, os.path.join(tmp, "ordinary"), mode="ordinary", memory_budget=budget,
+                      progress=a.progress)
+    print(f"chainrows stats {a.dataset}")
+    print(f"input (uncompressed) {cc.input_bytes:,} bytes; rollouts {cc.rollouts:,}; calls {cc.calls:,}; "
+          f"orphan token rows {cc.orphan_token_rows:,}")
+    rows = [("", "ordinary", "cc", "cc - ordinary"),
+            ("rollouts ok", od.ok, cc.ok, cc.ok - od.ok),
+            ("rollouts masked", od.rollouts - od.ok, cc.rollouts - cc.ok, (cc.rollouts - cc.ok) - (od.rollouts - od.ok)),
+            ("rows", od.rows, cc.rows, cc.rows - od.rows),
+            ("tokens", od.tokens, cc.tokens, cc.tokens - od.tokens),
+            ("loss tokens", od.loss_tokens, cc.loss_tokens, cc.loss_tokens - od.loss_tokens)]
+    for name, *vals in rows:
+        print(f"{name:<16}" + "".join(f"{v:>16,}" if isinstance(v, int) else f"{v:>16}" for v in vals))
+    reasons = sorted(set(cc.reasons) | set(od.reasons))
+    if reasons:
+        print("masked by reason")
+        for reason in reasons:
+            print(f"  {reason:<22}{od.reasons.get(reason, 0):>12,}{cc.reasons.get(reason, 0):>16,}")
+    return 0
+
+
+COMMANDS = {"reassemble": cmd_reassemble, "synth": cmd_synth, "import-jsonl": cmd_import_jsonl,
+            "stats": cmd_stats}
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.version:
+        from chainrows import __version__
+
+        print(f"chainrows {__version__}")
+        return 0
+    if args.command is None:
+        _parser().print_help()
+        return 2
+    from chainrows.io.errors import InputError
+
+    try:
+        return COMMANDS[args.command](args)
+    except InputError as exc:
+        print(f"chainrows: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("chainrows: interrupted; no output written", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one line, never a traceback at the CLI
+        if os.environ.get("CHAINROWS_DEBUG"):
+            raise
+        msg = " ".join(str(exc).split())
+        print(f"chainrows: internal error: {type(exc).__name__}: {msg}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

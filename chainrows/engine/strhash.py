@@ -1,0 +1,27 @@
+"""Kernel: 64-bit FNV-1a of each string of an Arrow-style string array (offsets + bytes).
+
+Used to route rollouts to spill buckets; the routing is checked for collisions by the caller.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from chainrows.engine._jit import pjit
+
+FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+FNV_PRIME = np.uint64(0x100000001B3)
+
+
+@pjit
+def fnv1a_strings(offsets, data, out):
+    """out[i] = FNV-1a-64 of data[offsets[i]:offsets[i+1]], then a final avalanche mix."""
+    for i in prange(len(offsets) - 1):
+        h = FNV_OFFSET
+        for j in range(offsets[i], offsets[i + 1]):
+            h = (h ^ np.uint64(data[j])) * FNV_PRIME
+        h ^= h >> np.uint64(33)
+        h *= np.uint64(0xFF51AFD7ED558CCD)
+        h ^= h >> np.uint64(33)
+        out[i] = h

@@ -1,0 +1,456 @@
+"""Reading a SPEC §2 dataset: find the files, check types, normalize, check nulls.
+
+Every table comes out in the canonical schema of :mod:`chainrows.io.schema` (string, list,
+int64, uint64 chain_hash, ...), with the optional columns (tokens.logprobs,
+rollouts.accepted_response_ids) present iff the input has them. The single exception: a
+column chunk that does not fit 32-bit offsets keeps its 64-bit-offset form (``large_string``,
+``large_list<…>`` with ``large_string`` items), for the whole column of the returned table
+(or for that batch, in :func:`iter_table_batches`). Consumers must accept both forms.
+
+Unusable input raises :class:`~chainrows.io.errors.InputError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from chainrows.io.errors import InputError
+from chainrows.io.schema import (
+    ACCEPTED_FIELD,
+    LEDGER_SCHEMA,
+    LOGPROBS_FIELD,
+    ROLLOUTS_SCHEMA,
+    TOKENS_SCHEMA,
+)
+
+TABLES = ("ledger", "tokens", "rollouts")
+DEFAULT_BATCH_ROWS = 65_536
+
+# Per table: the canonical schema, the optional columns, the columns that may hold nulls, the
+# list columns whose *entries* may hold nulls (docs/decisions.md "Input").
+CANONICAL = {
+    "ledger": LEDGER_SCHEMA,
+    "tokens": TOKENS_SCHEMA.append(LOGPROBS_FIELD),
+    "rollouts": ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD),
+}
+OPTIONAL = {"ledger": (), "tokens": ("logprobs",), "rollouts": ("accepted_response_ids",)}
+NULLABLE = {
+    "ledger": {"parent_id", "item_keys", "item_ids"},
+    "tokens": {"tokens", "logprobs"},
+    "rollouts": {"group_id", "reward", "output_keys", "output_ids", "terminal_response_id",
+                 "accepted_response_ids"},
+}
+NULL_ENTRIES_OK = {"item_ids", "output_ids", "accepted_response_ids"}
+# SPEC §2: a null value of these list columns reads as an empty list; the reader replaces it
+# by one, so their offsets can be used as is. (A null item_ids/output_ids/logprobs/
+# accepted_response_ids list keeps its own meaning and stays null.)
+NULL_LIST_IS_EMPTY = {"item_keys", "output_keys", "tokens"}
+# An optional column present in some files of a table and absent in others: these are filled
+# with nulls (a null list means "no record"); any other optional column is an InputError.
+FILL_IF_MISSING = {"accepted_response_ids"}
+
+_MAX_INT64 = (1 << 63) - 1
+
+
+# ----------------------------------------------------------------------------- file listing
+
+def table_files(dataset_dir: str | os.PathLike, name: str) -> list[Path]:
+    """The Parquet files of table ``name``: ``[<name>.parquet]``, or the files of the directory
+    ``<name>/`` in lexicographic (code point) order of their names, skipping names that start
+    with ``.`` or ``_``. ``<name>.parquet`` may itself be such a directory (Spark style).
+
+    An empty directory gives ``[]`` (a table with zero rows). Raises InputError when the
+    dataset directory or the table is missing, when both forms exist, or when a table
+    directory holds a (non-hidden) subdirectory.
+    """
+    root = Path(dataset_dir)
+    if not root.is_dir():
+        raise InputError(f"dataset directory {str(root)!r} does not exist or is not a directory",
+                         table=name)
+    single, folder = root / f"{name}.parquet", root / name
+    if single.exists() and folder.exists():
+        raise InputError(f"table stored twice: both {single.name} and {folder.name}/ exist; "
+                         f"keep one", table=name, file=root)
+    if single.is_file():
+        return [single]
+    if single.is_dir():
+        folder = single
+    elif not folder.is_dir():
+        hint = " (a file, expected a directory)" if folder.exists() else ""
+        raise InputError(f"table not found: expected {single.name} or a directory {name}/"
+                         f"{hint}", table=name, file=root)
+    return _list_parts(folder, name)
+
+
+def _list_parts(folder: Path, name: str) -> list[Path]:
+    files = []
+    for entry in sorted(os.listdir(folder)):
+        if entry.startswith((".", "_")):
+            continue
+        path = folder / entry
+        if path.is_dir():
+            raise InputError(f"unexpected subdirectory {entry!r} in the table directory "
+                             f"(nested or partitioned layouts are not supported)",
+                             table=name, file=folder)
+        files.append(path)
+    return files
+
+
+# ----------------------------------------------------------------------------- type rules
+
+def _is_stringish(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _accepts(found: pa.DataType, want: pa.DataType) -> bool:
+    """SPEC §2 rule: does a column of physical type ``found`` satisfy canonical type ``want``?"""
+    if pa.types.is_null(found):  # an all-null column; the null check decides
+        return True
+    if pa.types.is_string(want):
+        if pa.types.is_dictionary(found):
+            return _is_stringish(found.value_type)
+        return _is_stringish(found)
+    if want == pa.int64():
+        return pa.types.is_integer(found)
+    if pa.types.is_list(want):
+        if not (pa.types.is_list(found) or pa.types.is_large_list(found)):
+            return False
+        item = found.value_type
+        if pa.types.is_string(want.value_type):
+            return _is_stringish(item)
+        return item == want.value_type
+    return found == want  # uint64 chain_hash, float64 reward, bool failed: exact
+
+
+def _expected(want: pa.DataType) -> str:
+    if pa.types.is_string(want):
+        return "string (or large_string)"
+    if want == pa.int64():
+        return "an integer type"
+    if pa.types.is_list(want):
+        return f"list<{want.value_type}> (or large_list)"
+    return str(want)
+
+
+def _type_name(t: pa.DataType) -> str:
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        kind = "list" if pa.types.is_list(t) else "large_list"
+        return f"{kind}<{t.value_type}>"
+    return str(t)
+
+
+def check_schema(name: str, schema: pa.Schema, file: str | os.PathLike | None = None,
+                 columns: Sequence[str] | None = None) -> list[str]:
+    """Check one file's Arrow schema against the SPEC §2 rules for table ``name``.
+
+    Extra columns are ignored. ``columns`` limits the check to those canonical columns (None:
+    all). Returns the wanted columns present in the file, in canonical order (optional ones
+    only when present). Raises InputError naming table, column, found/expected type and file.
+    """
+    canonical = CANONICAL[name]
+    for col in _wanted(name, columns):
+        want = canonical.field(col).type
+        hits = schema.get_all_field_indices(col)
+        if not hits:
+            if col in OPTIONAL[name]:
+                continue
+            raise InputError(f"missing column {col!r}", table=name, file=file, column=col)
+        if len(hits) > 1:
+            raise InputError(f"column {col!r} appears {len(hits)} times", table=name,
+                             file=file, column=col)
+        found = schema.field(hits[0]).type
+        if not _accepts(found, want):
+            raise InputError(f"column {col!r} has type {_type_name(found)}, expected "
+                             f"{_expected(want)}", table=name, file=file, column=col)
+    return [c for c in _wanted(name, columns) if schema.get_field_index(c) >= 0]
+
+
+def _wanted(name: str, columns: Sequence[str] | None) -> list[str]:
+    if name not in CANONICAL:
+        raise ValueError(f"unknown table {name!r}; expected one of {TABLES}")
+    names = CANONICAL[name].names
+    if columns is None:
+        return list(names)
+    unknown = [c for c in columns if c not in names]
+    if unknown:
+        raise ValueError(f"unknown {name} column(s) {unknown}; expected some of {names}")
+    return [c for c in names if c in set(columns)]
+
+
+# ----------------------------------------------------------------------------- planning
+
+@dataclass(frozen=True)
+class TablePlan:
+    """The checked files of one table and the columns a read will return."""
+
+    name: str
+    files: list[Path]
+    columns: list[str]                      # output columns, canonical order
+    present: list[list[str]] = field(default_factory=list)  # per file: columns read from it
+
+    @property
+    def schema(self) -> pa.Schema:
+        """Canonical output schema (large-offset fallbacks aside)."""
+        return pa.schema([CANONICAL[self.name].field(c) for c in self.columns])
+
+
+def plan_table(dataset_dir: str | os.PathLike, name: str,
+               columns: Sequence[str] | None = None) -> TablePlan:
+    """List the table's files and check every file's schema (footers only, no data read)."""
+    files = table_files(dataset_dir, name)
+    present = [check_schema(name, _read_schema(name, f), f, columns) for f in files]
+    wanted = _wanted(name, columns)
+    out = [c for c in wanted if c not in OPTIONAL[name] or any(c in p for p in present)]
+    for col in out:
+        if col in OPTIONAL[name] and col not in FILL_IF_MISSING:
+            for f, p in zip(files, present):
+                if col not in p:
+                    raise InputError(f"optional column {col!r} is present in some files of the "
+                                     f"table but missing in this one", table=name, file=f,
+                                     column=col)
+    return TablePlan(name, files, out, present)
+
+
+def _read_schema(name: str, file: Path) -> pa.Schema:
+    try:
+        return pq.read_schema(file)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=name,
+                         file=file) from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+# ----------------------------------------------------------------------------- normalizing
+
+def _large_form(t: pa.DataType) -> pa.DataType:
+    """The 64-bit-offset counterpart of a canonical type (identity for fixed-width types)."""
+    if pa.types.is_string(t):
+        return pa.large_string()
+    if pa.types.is_list(t):
+        return pa.large_list(_large_form(t.value_type))
+    return t
+
+
+def _narrow_cast(col: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    """Cast ``col`` to ``target`` (safe). Isolated so tests can simulate offset overflow."""
+    return col.cast(target)
+
+
+def _normalize_column(name: str, file: Path, col_name: str, col: pa.ChunkedArray,
+                      row0: int) -> pa.ChunkedArray:
+    target = CANONICAL[name].field(col_name).type
+    if col.type == target:
+        return col
+    if target == pa.int64() and col.type == pa.uint64():
+        _check_int64_range(name, file, col_name, col, row0)
+    try:
+        return _narrow_cast(col, target)
+    except (pa.ArrowInvalid, pa.ArrowCapacityError) as exc:
+        large = _large_form(target)
+        if large == target:  # not an offsets problem
+            raise InputError(f"column {col_name!r} cannot be converted to {target}: "
+                             f"{_one_line(exc)}", table=name, file=file, column=col_name) from exc
+        return col.cast(large)  # too big for 32-bit offsets: keep 64-bit offsets
+
+
+def _check_int64_range(name, file, col_name, col, row0):
+    over = pc.greater(col, pa.scalar(_MAX_INT64, pa.uint64()))
+    if pc.any(over).as_py():
+        row = row0 + pc.index(over, True).as_py()
+        raise InputError(f"column {col_name!r} has a value above the int64 range at row {row} "
+                         f"(0-based)", table=name, file=file, column=col_name, row=row)
+
+
+def _check_nulls(name, file, table: pa.Table, row0: int) -> None:
+    for col_name in table.column_names:
+        col = table.column(col_name)
+        if col_name not in NULLABLE[name] and col.null_count:
+            _raise_null(name, file, table, col_name, pc.index(pc.is_null(col), True).as_py(),
+                        row0, "has a null value; the column is not nullable")
+        if pa.types.is_null(col.type) or col_name in NULL_ENTRIES_OK:
+            continue
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            _check_null_entries(name, file, table, col_name, row0)
+
+
+def _check_null_entries(name, file, table, col_name, row0):
+    base = 0
+    for chunk in table.column(col_name).chunks:
+        flat = pc.list_flatten(chunk)
+        if flat.null_count:
+            pos = pc.index(pc.is_null(flat), True).as_py()
+            row = base + pc.list_parent_indices(chunk)[pos].as_py()
+            _raise_null(name, file, table, col_name, row, row0,
+                        "has a list with a null entry; entries may not be null")
+        base += len(chunk)
+
+
+def _raise_null(name, file, table, col_name, row, row0, what):
+    where = f"row {row0 + row} (0-based"
+    if "rollout_id" in table.column_names and col_name != "rollout_id":
+        rid = table.column("rollout_id")[row].as_py()
+        if rid is not None:
+            where += f", rollout {rid!r}"
+    raise InputError(f"column {col_name!r} {what}: first at {where})", table=name, file=file,
+                     column=col_name, row=row0 + row)
+
+
+def normalize(name: str, table: pa.Table, columns: Sequence[str], file: Path | None = None,
+              row0: int = 0) -> pa.Table:
+    """Cast a validated table (from one file) to the canonical types, add the missing
+    fill-with-null optional columns, check nulls. ``row0``: file row of the table's first row
+    (for messages). Raises InputError."""
+    arrays, fields = [], []
+    for col_name in columns:
+        canon = CANONICAL[name].field(col_name)
+        if col_name in table.column_names:
+            arr = _normalize_column(name, file, col_name, table.column(col_name), row0)
+        else:  # optional column absent in this file (FILL_IF_MISSING)
+            arr = pa.chunked_array([pa.nulls(table.num_rows, canon.type)], canon.type)
+        arrays.append(arr)
+        fields.append(pa.field(col_name, arr.type))
+    out = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    _check_nulls(name, file, out, row0)
+    return _empty_for_null_lists(out)
+
+
+def _empty_for_null_lists(table: pa.Table) -> pa.Table:
+    for i, col_name in enumerate(table.column_names):
+        col = table.column(i)
+        if col_name in NULL_LIST_IS_EMPTY and col.null_count:
+            table = table.set_column(i, table.field(i),
+                                     pc.fill_null(col, pa.scalar([], col.type)))
+    return table
+
+
+# ----------------------------------------------------------------------------- reading
+
+def read_table(dataset_dir: str | os.PathLike, name: str,
+               columns: Sequence[str] | None = None) -> pa.Table:
+    """Read, check and normalize a whole table (all files, file order then row order).
+
+    ``columns``: canonical column names to read (None: all, optional ones when present).
+    Every file's schema is checked before any data is read. Returns the canonical schema
+    (large-offset fallback per column, see module doc); zero files give zero rows.
+    """
+    plan = plan_table(dataset_dir, name, columns)
+    parts = [_read_file(plan, i) for i in range(len(plan.files))]
+    return _concat(plan, parts)
+
+
+def _read_file(plan: TablePlan, i: int) -> pa.Table:
+    file, present = plan.files[i], plan.present[i]
+    try:
+        raw = pq.ParquetFile(file).read(columns=[c for c in present if c in plan.columns])
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=plan.name,
+                         file=file) from exc
+    return normalize(plan.name, raw, plan.columns, file)
+
+
+def _concat(plan: TablePlan, parts: list[pa.Table]) -> pa.Table:
+    if not parts:
+        return plan.schema.empty_table()
+    fields = []
+    for j, col in enumerate(plan.columns):
+        types = {p.schema.field(j).type for p in parts}
+        fields.append(pa.field(col, types.pop() if len(types) == 1 else
+                               _large_form(CANONICAL[plan.name].field(col).type)))
+    schema = pa.schema(fields)
+    parts = [p if p.schema == schema else p.cast(schema) for p in parts]
+    return pa.concat_tables(parts)
+
+
+def iter_table_batches(dataset_dir: str | os.PathLike, name: str,
+                       columns: Sequence[str] | None = None,
+                       batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Yield the table as checked, normalized record batches, file by file, in read order
+    (files lexicographic, then rows). All files' schemas are checked before the first batch.
+
+    Each batch has at most ``batch_rows`` rows, never spans two files, and has the columns of
+    :func:`table_schema` (a batch keeps 64-bit offsets only if it alone overflows 32-bit ones).
+    """
+    plan = plan_table(dataset_dir, name, columns)
+    for file, present in zip(plan.files, plan.present):
+        yield from _iter_file(plan, file, [c for c in present if c in plan.columns], batch_rows)
+
+
+def _iter_file(plan, file, read_cols, batch_rows) -> Iterator[pa.RecordBatch]:
+    try:
+        batches = pq.ParquetFile(file).iter_batches(batch_size=batch_rows, columns=read_cols)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=plan.name,
+                         file=file) from exc
+    row0 = 0
+    for batch in _guard(batches, plan.name, file):
+        table = normalize(plan.name, pa.Table.from_batches([batch]), plan.columns, file, row0)
+        row0 += batch.num_rows
+        yield from table.combine_chunks().to_batches()
+
+
+def _guard(batches: Iterable, name: str, file: Path):
+    """Re-raise reader errors (not errors of our own code) as InputError."""
+    it = iter(batches)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=name,
+                             file=file) from exc
+        yield batch
+
+
+def table_schema(dataset_dir: str | os.PathLike, name: str,
+                 columns: Sequence[str] | None = None) -> pa.Schema:
+    """The canonical schema :func:`read_table` returns (footers only; no data read)."""
+    return plan_table(dataset_dir, name, columns).schema
+
+
+# ----------------------------------------------------------------------------- dataset
+
+@dataclass(frozen=True)
+class Dataset:
+    """The three SPEC §2 tables, canonical schema, and the files they came from."""
+
+    ledger: pa.Table
+    tokens: pa.Table
+    rollouts: pa.Table
+    files: dict[str, list[Path]]
+
+    @property
+    def has_logprobs(self) -> bool:
+        """True iff the tokens table has the optional logprobs column."""
+        return "logprobs" in self.tokens.column_names
+
+    @property
+    def has_accepted(self) -> bool:
+        """True iff the rollouts table has the optional accepted_response_ids column."""
+        return "accepted_response_ids" in self.rollouts.column_names
+
+
+def read_dataset(dataset_dir: str | os.PathLike) -> Dataset:
+    """Read all three tables; every file of every table is schema-checked before any data is
+    read. Raises InputError on unusable input."""
+    plans = {n: plan_table(dataset_dir, n) for n in TABLES}
+    tables = {n: _concat(p, [_read_file(p, i) for i in range(len(p.files))])
+              for n, p in plans.items()}
+    return Dataset(tables["ledger"], tables["tokens"], tables["rollouts"],
+                   {n: list(p.files) for n, p in plans.items()})
+
+
+def dataset_has_logprobs(dataset_dir: str | os.PathLike) -> bool:
+    """True iff the dataset's tokens table has the logprobs column (footers only)."""
+    return "logprobs" in table_schema(dataset_dir, "tokens").names

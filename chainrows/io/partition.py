@@ -1,0 +1,98 @@
+"""Spill step for datasets larger than memory: hash-partition the three tables by group.
+
+Every row goes to bucket ``hash(group_id) % K`` of its rollout (``hash(rollout_id)`` when the
+rollout has no rollouts row or a null group), so a bucket holds whole GRPO groups and every
+token row of its calls, in original order (capture order survives). Each bucket is then a
+small SPEC §2 dataset on disk: ``<spill>/bucket-00007/{ledger,tokens,rollouts}.parquet``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from chainrows.engine.strhash import fnv1a_strings
+from chainrows.io.dataset import iter_table_batches, table_schema
+
+TABLES = ("rollouts", "ledger", "tokens")
+SPILL_OPTIONS = dict(compression="lz4", use_dictionary=False, write_statistics=False)
+
+
+def string_hashes(col) -> np.ndarray:
+    """uint64 hash of each string (a null hashes like the empty string)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    arr = col.cast(pa.large_string())
+    if len(arr) == 0:
+        return np.zeros(0, dtype=np.uint64)
+    _, off_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(off_buf, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    if offsets[0] < 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > len(data):
+        raise ValueError("string offsets outside the data buffer")
+    out = np.empty(len(arr), dtype=np.uint64)
+    fnv1a_strings(np.ascontiguousarray(offsets), data, out)
+    return out
+
+
+class Router:
+    """rollout id hash -> bucket, from the rollouts table (first row of each id counts)."""
+
+    def __init__(self, dataset_dir, n_buckets: int, batch_rows: int):
+        self.k = np.uint64(n_buckets)
+        rid_h, bucket = [], []
+        for batch in iter_table_batches(dataset_dir, "rollouts", ["rollout_id", "group_id"], batch_rows):
+            h = string_hashes(batch.column("rollout_id"))
+            g = string_hashes(batch.column("group_id"))
+            valid = pc.is_valid(batch.column("group_id")).to_numpy(zero_copy_only=False)
+            rid_h.append(h)
+            bucket.append(np.where(valid, g, h) % self.k)
+        rid_h = np.concatenate(rid_h) if rid_h else np.zeros(0, np.uint64)
+        bucket = np.concatenate(bucket) if bucket else np.zeros(0, np.uint64)
+        keys, first = np.unique(rid_h, return_index=True)
+        self.keys = keys
+        self.buckets = bucket[first]
+
+    def route(self, rollout_ids) -> np.ndarray:
+        h = string_hashes(rollout_ids)
+        pos = np.searchsorted(self.keys, h)
+        pos_c = np.minimum(pos, max(len(self.keys) - 1, 0))
+        hit = (pos < len(self.keys))
+        if len(self.keys):
+            hit &= self.keys[pos_c] == h
+        out = h % self.k
+        out[hit] = self.buckets[pos_c[hit]]
+        return out.astype(np.int64)
+
+
+def bucket_dir(spill: Path, b: int) -> Path:
+    return spill / f"bucket-{b:05d}"
+
+
+def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progress=None) -> list[Path]:
+    """Write every bucket's three tables under ``spill``; returns the bucket directories."""
+    router = Router(dataset_dir, n_buckets, batch_rows)
+    dirs = [bucket_dir(spill, b) for b in range(n_buckets)]
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    for name in TABLES:
+        schema = table_schema(dataset_dir, name)
+        writers = [pq.ParquetWriter(d / f"{name}.parquet", schema, **SPILL_OPTIONS) for d in dirs]
+        try:
+            for batch in iter_table_batches(dataset_dir, name, None, batch_rows):
+                buckets = router.route(batch.column("rollout_id"))
+                order = np.argsort(buckets, kind="stable")
+                cuts = np.searchsorted(buckets[order], np.arange(n_buckets + 1))
+                sorted_batch = pa.Table.from_batches([batch]).take(pa.array(order)).cast(schema)
+                for b in np.flatnonzero(np.diff(cuts)):
+                    writers[b].write_table(sorted_batch.slice(cuts[b], cuts[b + 1] - cuts[b]))
+                if progress is not None:
+                    progress.advance(batch.nbytes)
+        finally:
+            for w in writers:
+                w.close()
+    return dirs

@@ -1,0 +1,407 @@
+"""Writing Parquet outputs (SPEC §4, §7): one set of writer options, atomic `rows`/`report`.
+
+``AtomicOutput(out_dir)`` stages everything in a hidden temp directory inside ``out_dir`` and
+moves the finished tables into place only when the ``with`` block exits normally. On any
+exception (KeyboardInterrupt included) the temp directory is deleted and earlier outputs are
+left untouched. A run killed with SIGKILL leaves its temp directory behind; the next
+``AtomicOutput`` on that ``out_dir`` removes it (an flock on ``.lock`` tells live runs from dead
+ones). Readers skip the temp directory anyway: its name starts with ``.``.
+
+Commit order: old ``report`` out, old ``rows`` out, new ``rows`` in, new ``report`` in (each a
+single ``rename``). So a ``report`` present in ``out_dir`` always belongs to the ``rows`` next
+to it: the report is the commit marker. The only window is between those renames
+(microseconds): a crash there leaves a complete new ``rows`` and no ``report``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX: stale temp dirs are cleaned by age only
+    fcntl = None
+
+# Writer options, chosen by measurement (docs/decisions-io.md has the script and full table).
+# `rows` table, 2000 rows / 13.0 M tokens / 117.5 MB in memory, best of 3, 2 vCPUs:
+#   default (dictionary on all columns, snappy)  53.2 MB  write 0.84-0.96 s  read 0.20-0.35 s
+#   dictionary all, zstd                         42.3 MB  write 0.89-1.18 s  read 0.20 s
+#   dictionary strings only, none               156.5 MB  write 0.49-0.50 s  read 0.17-0.28 s
+#   dictionary strings only, snappy              56.9 MB  write 0.53-0.61 s  read 0.21-0.33 s
+#   dictionary strings only, lz4                 50.6 MB  write 0.51-0.70 s  read 0.15-0.21 s
+#   dictionary strings only, zstd level 1        39.6 MB  write 0.57-0.70 s  read 0.18-0.24 s  <- chosen
+#   dictionary strings only, zstd level 3        39.7 MB  write 0.78-1.04 s  read 0.20-0.41 s
+#   no dictionary at all, zstd level 1           39.6 MB  write 0.61-0.80 s  read 0.22 s
+# Dictionary encoding of the token lists costs write time and buys nothing once compressed;
+# zstd(1) is the smallest file at close to the speed of lz4/snappy (zstd 3 is slower, no smaller).
+DICTIONARY_COLUMNS = [
+    "rollout_id", "group_id", "status", "reason", "detail", "call_ids.list.element",
+]
+WRITE_OPTIONS: dict = {
+    "compression": "zstd",
+    "compression_level": 1,
+    "use_dictionary": DICTIONARY_COLUMNS,  # absent columns are ignored by pyarrow
+    "write_statistics": True,
+}
+ROW_GROUP_BYTES = 128 << 20   # target in-memory bytes per row group
+TMP_PREFIX = ".chainrows-tmp-"
+LOCK_NAME = ".lock"
+STALE_AGE_S = 3600.0          # a temp dir without a lock file is stale after this (or no fcntl)
+PART_DIGITS = 8               # part-00000000.parquet: lexicographic order = write order
+OUTPUT_NAMES = ("rows", "report")
+
+
+# ----------------------------------------------------------------------------- plain writes
+
+def row_group_rows(table: pa.Table | pa.RecordBatch) -> int:
+    """Rows per row group so that a group holds about ROW_GROUP_BYTES of in-memory data."""
+    n = table.num_rows
+    return max(1, min(n, ROW_GROUP_BYTES * n // max(table.nbytes, 1))) if n else 1
+
+
+def write_parquet(path: str | os.PathLike, table: pa.Table, **options) -> Path:
+    """Write ``table`` to one Parquet file with WRITE_OPTIONS (``options`` override them)."""
+    opts = {**WRITE_OPTIONS, **options}
+    pq.write_table(table, path, row_group_size=row_group_rows(table), **opts)
+    return Path(path)
+
+
+def write_dataset(dataset_dir: str | os.PathLike, ledger: pa.Table, tokens: pa.Table,
+                  rollouts: pa.Table) -> Path:
+    """Write a SPEC §2 dataset as ``ledger.parquet``, ``tokens.parquet``, ``rollouts.parquet``
+    (not atomic; for tests, the synthesizer and the JSONL importer)."""
+    root = Path(dataset_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, table in (("ledger", ledger), ("tokens", tokens), ("rollouts", rollouts)):
+        write_parquet(root / f"{name}.parquet", table)
+    return root
+
+
+class PartWriter:
+    """Streams tables / record batches into one Parquet file with a fixed schema.
+
+    Small inputs are buffered up to ROW_GROUP_BYTES so row groups are not tiny. Inputs are
+    cast to ``schema``; one too large for 32-bit offsets is split until it fits.
+    """
+
+    def __init__(self, path: str | os.PathLike, schema: pa.Schema, **options):
+        self.path = Path(path)
+        self.schema = schema
+        self._writer = pq.ParquetWriter(self.path, schema, **{**WRITE_OPTIONS, **options})
+        self._buffer: list[pa.Table] = []
+        self._buffered = 0
+        self.rows = 0
+        self.closed = False
+
+    def write(self, data: pa.Table | pa.RecordBatch) -> None:
+        """Append rows (a Table or RecordBatch whose columns match ``schema`` by name)."""
+        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+        if table.num_rows == 0:
+            return
+        self._buffer.append(table.select(self.schema.names))
+        self._buffered += table.nbytes
+        self.rows += table.num_rows
+        if self._buffered >= ROW_GROUP_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write buffered rows as row group(s)."""
+        if self._buffer:
+            table = pa.concat_tables(self._buffer, promote_options="permissive")
+            self._buffer, self._buffered = [], 0
+            self._write_fitting(table)
+
+    def _write_fitting(self, table: pa.Table) -> None:
+        try:
+            cast = table.cast(self.schema)
+        except (pa.ArrowInvalid, pa.ArrowCapacityError):
+            if table.num_rows < 2:
+                raise
+            half = table.num_rows // 2
+            self._write_fitting(table.slice(0, half))
+            self._write_fitting(table.slice(half))
+            return
+        self._writer.write_table(cast, row_group_size=row_group_rows(cast))
+
+    def close(self) -> None:
+        """Flush and close the file (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            try:
+                self.flush()
+            finally:
+                self._writer.close()
+
+    def __enter__(self) -> "PartWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------- atomic output
+
+class AtomicOutput:
+    """Context manager staging ``names`` (default ``rows``, ``report``) and committing them
+    into ``out_dir`` atomically on success, or discarding them on any exception.
+
+    Each name is written in exactly one form: a single file ``<name>.parquet``
+    (:meth:`write_table` or one :meth:`part_writer`) or a directory ``<name>/`` of part files
+    (:meth:`write_part` / :meth:`reserve_part`). Every name must be written before commit
+    (write an empty table for an empty output). Committing replaces both forms of every name
+    in ``out_dir``; other entries of ``out_dir`` are never touched.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, names: Iterable[str] = OUTPUT_NAMES, *,
+                 durable: bool = True):
+        self.out_dir = Path(out_dir)
+        self.names = tuple(names)
+        self.durable = durable
+        self.tmp_dir: Path | None = None
+        self._lock_fd: int | None = None
+        self._modes: dict[str, str] = {}
+        self._parts: dict[str, int] = {}
+        self._writers: list[PartWriter] = []
+        self._mutex = threading.Lock()
+        self.committed = False
+
+    # -- lifecycle
+    def __enter__(self) -> "AtomicOutput":
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        clean_stale_temp_dirs(self.out_dir)
+        self.tmp_dir, self._lock_fd = _make_locked_temp_dir(self.out_dir)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            try:
+                self.commit()
+            except BaseException:
+                self.abort()
+                raise
+        else:
+            self.abort()
+        return False
+
+    def abort(self) -> None:
+        """Discard everything staged (idempotent); outputs already in out_dir stay."""
+        for w in self._writers:
+            try:
+                w.close()
+            except Exception:
+                pass
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
+        self._release()
+
+    def commit(self) -> None:
+        """Move the staged outputs into out_dir (report last). Called by ``__exit__``."""
+        tmp = self._require_open()
+        for w in self._writers:
+            w.close()
+        missing = [n for n in self.names if n not in self._modes]
+        if missing:
+            raise RuntimeError(f"AtomicOutput: output(s) {missing} were never written")
+        staged = {n: tmp / self._staged_name(n) for n in self.names}
+        if self.durable:
+            for path in staged.values():
+                _fsync_tree(path)
+        trash = tmp / ".old"
+        trash.mkdir()
+        moved: list[str] = []
+        placed: list[str] = []
+        try:
+            for name in reversed(self.names):  # report out first: no report without its rows
+                for form in (f"{name}.parquet", name):
+                    if os.path.lexists(self.out_dir / form):
+                        os.replace(self.out_dir / form, trash / form)
+                        moved.append(form)
+            for name in self.names:  # rows in first, report last
+                os.replace(staged[name], self.out_dir / staged[name].name)
+                placed.append(staged[name].name)
+        except BaseException:
+            _undo(self.out_dir, trash, moved, placed)
+            raise
+        if self.durable:
+            _fsync_dir(self.out_dir)
+        self.committed = True
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.tmp_dir = None
+        self._release()
+
+    # -- writing
+    def write_table(self, name: str, table: pa.Table, **options) -> Path:
+        """Stage ``table`` as the single file ``<name>.parquet``."""
+        path = self._claim(name, "file")
+        return write_parquet(path, table, **options)
+
+    def part_writer(self, name: str, schema: pa.Schema, **options) -> PartWriter:
+        """A :class:`PartWriter` streaming into the single file ``<name>.parquet``.
+        Closed automatically at commit/abort if the caller did not close it."""
+        writer = PartWriter(self._claim(name, "file"), schema, **options)
+        self._writers.append(writer)
+        return writer
+
+    def reserve_part(self, name: str) -> Path:
+        """Path of the next part file ``<name>/part-NNNNNNNN.parquet`` (thread-safe), for
+        callers (e.g. worker processes) that write the file themselves."""
+        with self._mutex:
+            folder = self._claim(name, "parts")
+            index = self._parts.get(name, 0)
+            if index >= 10 ** PART_DIGITS:
+                raise RuntimeError(f"too many part files for {name!r}")
+            self._parts[name] = index + 1
+        return folder / f"part-{index:0{PART_DIGITS}d}.parquet"
+
+    def write_part(self, name: str, table: pa.Table, **options) -> Path:
+        """Stage ``table`` as the next part file of the directory ``<name>/``."""
+        return write_parquet(self.reserve_part(name), table, **options)
+
+    # -- internals
+    def _require_open(self) -> Path:
+        if self.tmp_dir is None:
+            raise RuntimeError("AtomicOutput is not open (use it as a context manager)")
+        return self.tmp_dir
+
+    def _staged_name(self, name: str) -> str:
+        return f"{name}.parquet" if self._modes[name] == "file" else name
+
+    def _claim(self, name: str, mode: str) -> Path:
+        tmp = self._require_open()
+        if name not in self.names:
+            raise ValueError(f"unknown output {name!r}; expected one of {self.names}")
+        had = self._modes.get(name)
+        if had == "file" or (had is not None and had != mode):
+            raise ValueError(f"output {name!r} was already written as "
+                             f"{'a single file' if had == 'file' else 'part files'}")
+        self._modes[name] = mode
+        if mode == "file":
+            return tmp / f"{name}.parquet"
+        (tmp / name).mkdir(exist_ok=True)
+        return tmp / name
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+
+def _undo(out_dir: Path, trash: Path, moved: list[str], placed: list[str]) -> None:
+    """Best-effort rollback of a commit interrupted between renames: restore old outputs."""
+    for form in placed:  # the staged copy is discarded with the temp dir anyway
+        path = out_dir / form
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    for form in moved:
+        try:
+            os.replace(trash / form, out_dir / form)
+        except OSError:
+            pass
+
+
+# ----------------------------------------------------------------------------- temp dirs
+
+def _make_locked_temp_dir(out_dir: Path) -> tuple[Path, int | None]:
+    """Create ``.chainrows-tmp-<pid>-<rand>/`` holding an flock'ed ``.lock``. Retries if a
+    concurrent cleaner removed it between creation and locking."""
+    for _ in range(100):
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=out_dir))
+        lock = tmp / LOCK_NAME
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        if fcntl is None:
+            return tmp, fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                return tmp, fd
+        except OSError:
+            pass
+        os.close(fd)
+        shutil.rmtree(tmp, ignore_errors=True)
+    raise RuntimeError(f"could not create a temp directory in {out_dir}")
+
+
+def clean_stale_temp_dirs(out_dir: str | os.PathLike) -> list[Path]:
+    """Remove temp dirs left in ``out_dir`` by killed runs; live runs' dirs stay (their lock
+    is held). Returns the removed paths. Errors are ignored (best effort)."""
+    removed = []
+    try:
+        entries = [e for e in os.scandir(out_dir) if e.name.startswith(TMP_PREFIX)]
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False) and _remove_if_stale(Path(entry.path)):
+            removed.append(Path(entry.path))
+    return removed
+
+
+def _remove_if_stale(tmp: Path) -> bool:
+    lock = tmp / LOCK_NAME
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:  # not yet locked, or died before locking: judge by age
+        if time.time() - _mtime(tmp) > STALE_AGE_S:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return True
+        return False
+    except OSError:
+        return False
+    try:
+        if fcntl is None:
+            stale = time.time() - _mtime(tmp) > STALE_AGE_S
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                stale = True
+            except OSError:
+                stale = False  # a live run holds it
+        if stale:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return stale
+    finally:
+        os.close(fd)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()
+
+
+def _fsync_tree(path: Path) -> None:
+    if path.is_dir():
+        for child in path.iterdir():
+            _fsync_tree(child)
+        _fsync_dir(path)
+    else:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,19 @@
+"""Run the engine with the reference's signature: dict lists in, (rows, report) dict lists out."""
+
+from __future__ import annotations
+
+from chainrows import reassemble
+from chainrows.io.schema import tables_from_pylists
+
+
+def engine_reassemble(ledger, tokens, rollouts, *, mode="cc", placeholders=False, baseline="mean",
+                      no_std=False, population="all", row_weight="rollout", logprobs=None):
+    if logprobs is None:
+        logprobs = bool(tokens) and "logprobs" in tokens[0]
+    accepted = any("accepted_response_ids" in r for r in rollouts)
+    if not logprobs:
+        tokens = [{k: v for k, v in t.items() if k != "logprobs"} for t in tokens]
+    tables = tables_from_pylists(ledger, tokens, rollouts, logprobs=logprobs, accepted=accepted)
+    result = reassemble(*tables, mode=mode, placeholders=placeholders, baseline=baseline,
+                        no_std=no_std, baseline_population=population, row_weight=row_weight)
+    return result.rows.to_pylist(), result.report.to_pylist()
