@@ -489,7 +489,7 @@ def advantages(rollouts: list, statuses: dict, *, baseline: str = "mean", no_std
         rewards = [float(ro.record["reward"]) for ro in pop]
         if n >= 2:
             mean = math.fsum(rewards) / n
-            std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / n)
+            std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (n - 1))
         for ro in members:
             if not is_finite(ro.record["reward"]):
                 result[ro.rollout_id] = None

@@ -20,14 +20,18 @@ or a function_call); their fingerprints (SPEC §2.1) are the call's ``item_keys`
   (``multiple_roots``, ``ambiguous_terminal`` and ``walk_mismatch`` are ordinary-mode reasons:
   the first two are clean in cc mode, ``walk_mismatch`` is ``broken_chain`` there).
 
-Determinism: rollout ``i`` draws everything from a generator seeded with
-``SeedSequence(seed, spawn_key=(0, i))``; the GRPO group prompt from ``(1, group)``; the system
-prompt from ``(3,)``. Ledger rows of the rollouts of one *block* of ``BLOCK`` consecutive rollouts
-interleave (capture order kept within a rollout) and token rows are shuffled within a block, using
-a generator seeded with ``(2, block)``. Batches are whole blocks (``batch_rollouts`` is rounded up
-to a multiple of ``BLOCK``), so the concatenation of all batches is the same for any batch size,
-and the first ``n`` rollouts are the same whatever ``n_rollouts`` is (up to the interleaving of
-the last, partial block).
+Determinism: rollout ``i`` draws everything from generators seeded with XXH3-128 of
+``(seed, i)`` (a counter-based scheme); the GRPO group's prompt and success rate from
+``SeedSequence(seed, spawn_key=(1, group))``; the system prompt, shared by all rollouts, from
+``(3,)``. Ledger rows of the rollouts of one *block* of ``BLOCK`` consecutive rollouts interleave
+a little (capture order kept within a rollout) and token rows are shuffled within a block, with
+a generator seeded by ``(2, block)``. Batches are whole blocks (``batch_rollouts`` is rounded up
+to a multiple of ``BLOCK``), so the concatenation of all batches is the same for any batch size
+or worker count, and a rollout's rows do not depend on ``n_rollouts`` (only the interleaving of
+the last, partial block does).
+
+Speed: ~4-5 M tokens/s per core (Python per call, numpy per rollout); ``workers`` builds batches
+in several processes. ``python -m chainrows.synth OUT --rollouts N`` writes a dataset.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import math
 import os
 import random
 import shutil
-import tempfile
+import struct
 import time
 from pathlib import Path
 from typing import Iterator
@@ -237,8 +241,8 @@ class _Cfg:
         vocab,
         corrupt_kinds,
     ):
-        if int(seed) < 0:
-            raise ValueError("seed must be >= 0")
+        if not 0 <= int(seed) < 2**64:
+            raise ValueError("seed must be in [0, 2**64)")
         if group_size < 1:
             raise ValueError("group_size must be >= 1")
         if mean_calls < 1:
@@ -282,6 +286,23 @@ class _Cfg:
         rng = _rng(self.seed, 3)
         self.sys_prompt = rng.integers(0, self.vocab, self.sys_len, dtype=np.int32)
         self._groups: dict[int, tuple[np.ndarray, float]] = {}
+        self._bitgen = np.random.PCG64(0)
+        self._gen = np.random.Generator(self._bitgen)
+        self._py = random.Random(0)
+
+    def rollout_rngs(self, i: int) -> tuple[np.random.Generator, random.Random]:
+        """The numpy and Python generators of rollout i: counter-based, a pure function of
+        (seed, i). The PCG64 state and the Python seed are XXH3-128 of (seed, i); both objects
+        are reused (a config is not shared between threads)."""
+        h = xxhash.xxh3_128_intdigest(_PACK(self.seed, i))
+        self._bitgen.state = {
+            "bit_generator": "PCG64",
+            "state": {"state": h, "inc": ((h >> 64) * 0x9E3779B97F4A7C15 | 1) & _MASK128},
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        self._py.seed(h)
+        return self._gen, self._py
 
     def group(self, g: int) -> tuple[np.ndarray, float]:
         """The group's prompt tokens (system + user) and its success rate."""
@@ -296,6 +317,10 @@ class _Cfg:
             hit = (np.concatenate([self.sys_prompt, user]), r.betavariate(1.2, 1.2))
             self._groups[g] = hit
         return hit
+
+
+_MASK128 = (1 << 128) - 1
+_PACK = struct.Struct("<QQ").pack
 
 
 def _rng(*key: int) -> np.random.Generator:
@@ -326,8 +351,7 @@ def _needs(kind: str | None) -> dict:
 
 
 def _simulate(cfg: _Cfg, i: int) -> _Rollout:
-    rng = _rng(cfg.seed, 0, i)
-    r = random.Random(int(rng.integers(2**63)))
+    rng, r = cfg.rollout_rngs(i)
     kind = r.choice(cfg.kinds) if (cfg.kinds and r.random() < cfg.corrupt_rate) else None
     need = _needs(kind)
 
@@ -745,47 +769,104 @@ def tables_schemas(logprobs: bool = True) -> tuple[pa.Schema, pa.Schema, pa.Sche
     return LEDGER_SCHEMA, tok, ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD)
 
 
+_DEFAULTS = dict(
+    group_size=4,
+    compaction_rate=0.3,
+    retry_rate=0.15,
+    corrupt_rate=0.05,
+    logprobs=True,
+    accepted_rate=0.2,
+    mean_calls=6,
+    mean_gen_tokens=200,
+    mean_obs_tokens=120,
+    prompt_tokens=800,
+    vocab=150_000,
+    corrupt_kinds=None,
+)
+
+
 def _make_cfg(seed, kw) -> _Cfg:
-    params = dict(
-        group_size=4,
-        compaction_rate=0.3,
-        retry_rate=0.15,
-        corrupt_rate=0.05,
-        logprobs=True,
-        accepted_rate=0.2,
-        mean_calls=6,
-        mean_gen_tokens=200,
-        mean_obs_tokens=120,
-        prompt_tokens=800,
-        vocab=150_000,
-        corrupt_kinds=None,
-    )
-    unknown = set(kw) - set(params)
+    unknown = set(kw) - set(_DEFAULTS)
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    params.update(kw)
-    return _Cfg(seed, **params)
+    return _Cfg(seed, **{**_DEFAULTS, **kw})
 
 
-def _iter(n_rollouts: int, seed: int, batch_rollouts: int, kw: dict) -> Iterator[tuple[tuple, dict]]:
+_WORKER_CFG: dict = {}
+
+
+def _batch_job(seed: int, kw_items: tuple, first: int, stop: int):
+    """One batch, in a worker process (the config is built once per worker)."""
+    key = (seed, kw_items)
+    cfg = _WORKER_CFG.get(key)
+    if cfg is None:
+        _WORKER_CFG.clear()
+        cfg = _WORKER_CFG[key] = _make_cfg(seed, dict(kw_items))
+    return _build_batch(cfg, first, stop)
+
+
+def _resolve_workers(workers: int | None) -> int:
+    if workers is None or workers <= 0:
+        return max(1, os.cpu_count() or 1)
+    return int(workers)
+
+
+def _iter(n_rollouts: int, seed: int, batch_rollouts: int, kw: dict, workers: int = 1) -> Iterator[tuple[tuple, dict]]:
     if n_rollouts < 0:
         raise ValueError("n_rollouts must be >= 0")
-    cfg = _make_cfg(seed, kw)
+    if batch_rollouts < 1:
+        raise ValueError("batch_rollouts must be >= 1")
+    if kw.get("corrupt_kinds") is not None:
+        kw = {**kw, "corrupt_kinds": tuple(kw["corrupt_kinds"])}
+    cfg = _make_cfg(seed, kw)  # validates the arguments here, in the caller's process
     step = max(BLOCK, -(-int(batch_rollouts) // BLOCK) * BLOCK)
-    for first in range(0, n_rollouts, step):
-        yield _build_batch(cfg, first, min(first + step, n_rollouts))
+    ranges = [(a, min(a + step, n_rollouts)) for a in range(0, n_rollouts, step)]
+    workers = _resolve_workers(workers)
+    if workers == 1 or len(ranges) < 2:
+        for a, b in ranges:
+            yield _build_batch(cfg, a, b)
+        return
+    # Worker processes build batches (pure Python + numpy: threads would not help); the caller
+    # consumes them in order. "spawn": safe whatever threads the caller runs (numba, Arrow).
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    kw_items = tuple(sorted(kw.items()))
+    ex = ProcessPoolExecutor(max_workers=min(workers, len(ranges)), mp_context=multiprocessing.get_context("spawn"))
+    try:
+        pending = []
+        todo = iter(ranges)
+        for a, b in todo:
+            pending.append(ex.submit(_batch_job, int(seed), kw_items, a, b))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            result = pending.pop(0).result()
+            for a, b in todo:
+                pending.append(ex.submit(_batch_job, int(seed), kw_items, a, b))
+                break
+            yield result
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
 
 
 def iter_synth_batches(
-    n_rollouts: int, seed: int = 0, *, batch_rollouts: int = DEFAULT_BATCH_ROLLOUTS, **kw
+    n_rollouts: int,
+    seed: int = 0,
+    *,
+    batch_rollouts: int = DEFAULT_BATCH_ROLLOUTS,
+    workers: int | None = 1,
+    **kw,
 ) -> Iterator[tuple[pa.Table, pa.Table, pa.Table]]:
     """Yield (ledger, tokens, rollouts) tables for consecutive chunks of rollouts.
 
     ``batch_rollouts`` is rounded up to a multiple of ``BLOCK``. The concatenation of all chunks
-    is the same for every batch size and equals ``synth_tables(n_rollouts, seed, **kw)``. Each
-    chunk holds every row of its rollouts. Keyword arguments are those of ``synth_tables``.
+    is the same for every batch size and worker count and equals ``synth_tables(n_rollouts, seed,
+    **kw)``. Each chunk holds every row of its rollouts. ``workers`` > 1 (None or 0: one per CPU)
+    builds batches in that many ``spawn``ed processes. Other keyword arguments are those of
+    ``synth_tables``.
     """
-    for tables, _ in _iter(n_rollouts, seed, batch_rollouts, kw):
+    for tables, _ in _iter(n_rollouts, seed, batch_rollouts, kw, workers):
         yield tables
 
 
@@ -808,10 +889,11 @@ def synth_tables(
 ) -> tuple[pa.Table, pa.Table, pa.Table]:
     """A synthetic SPEC §2 dataset: (ledger, tokens, rollouts) Arrow tables.
 
-    ``mean_calls`` is the mean number of *accepted* calls per rollout (retries come on top);
-    ``corrupt_kinds`` defaults to every kind of ``CORRUPT_KINDS`` (without ``logprob_invalid``
-    when ``logprobs`` is False). The tokens table has the ``logprobs`` column when ``logprobs``;
-    the rollouts table always has ``accepted_response_ids`` (null when the harness kept no record).
+    ``mean_calls`` is the mean number of *accepted* calls per rollout (geometric; retries come
+    on top). ``corrupt_kinds`` defaults to every kind of ``CORRUPT_KINDS`` (without
+    ``logprob_invalid`` when ``logprobs`` is False). The tokens table has the ``logprobs`` column
+    when ``logprobs``; the rollouts table always has ``accepted_response_ids`` (null when the
+    harness kept no record).
     """
     kw = dict(
         group_size=group_size,
@@ -828,22 +910,31 @@ def synth_tables(
         corrupt_kinds=corrupt_kinds,
     )
     parts = [t for t, _ in _iter(n_rollouts, seed, DEFAULT_BATCH_ROLLOUTS, kw)]
-    schemas = tables_schemas(logprobs)
     if not parts:
-        return tuple(s.empty_table() for s in schemas)  # type: ignore[return-value]
+        return tuple(s.empty_table() for s in tables_schemas(logprobs))  # type: ignore[return-value]
     if len(parts) == 1:
         return parts[0]
     return tuple(pa.concat_tables([p[k] for p in parts]) for k in range(3))  # type: ignore[return-value]
 
 
-def write_synth_dataset(out_dir, n_rollouts: int, seed: int = 0, *, batch_rollouts: int = DEFAULT_BATCH_ROLLOUTS,
-                        overwrite: bool = False, compression: str = "snappy", **kw) -> dict:
+def write_synth_dataset(
+    out_dir,
+    n_rollouts: int,
+    seed: int = 0,
+    *,
+    batch_rollouts: int = DEFAULT_BATCH_ROLLOUTS,
+    workers: int | None = 1,
+    overwrite: bool = False,
+    compression: str = "snappy",
+    **kw,
+) -> dict:
     """Write ``ledger.parquet``, ``tokens.parquet`` and ``rollouts.parquet`` under ``out_dir``.
 
-    Batches are streamed (one row group per batch per table) into a temporary directory next to
-    ``out_dir``, which is renamed into place at the end: an interrupted run leaves nothing behind.
-    An existing non-empty ``out_dir`` is an error unless ``overwrite``. Returns a summary dict:
-    rollouts, corrupt, calls, tokens, bytes, seconds, path.
+    Batches are streamed (one row group per batch and table) into a temporary directory next to
+    ``out_dir``, renamed into place at the end: an interrupted run leaves nothing behind. An
+    existing non-empty ``out_dir`` is an error unless ``overwrite`` (then it is replaced whole).
+    ``workers``: see ``iter_synth_batches``. Other keyword arguments are those of ``synth_tables``.
+    Returns a summary: rollouts, corrupt, calls, tokens, bytes (of the three files), seconds, path.
     """
     t0 = time.perf_counter()
     out = Path(out_dir)
@@ -852,14 +943,15 @@ def write_synth_dataset(out_dir, n_rollouts: int, seed: int = 0, *, batch_rollou
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty (pass overwrite=True)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.synth-", dir=out.parent))
+    tmp = out.parent / f".{out.name}.synth-{os.getpid()}-{random.getrandbits(32):08x}"
+    tmp.mkdir()  # not mkdtemp: the dataset gets the usual umask permissions
     summary = {"rollouts": 0, "corrupt": 0, "calls": 0, "tokens": 0}
     names = ("ledger", "tokens", "rollouts")
-    writers = []
+    writers: list = []
     try:
         schemas = tables_schemas(kw.get("logprobs", True))
         writers = [pq.ParquetWriter(tmp / f"{n}.parquet", s, compression=compression) for n, s in zip(names, schemas)]
-        for tables, stats in _iter(n_rollouts, seed, batch_rollouts, kw):
+        for tables, stats in _iter(n_rollouts, seed, batch_rollouts, kw, workers):
             for w, t in zip(writers, tables):
                 w.write_table(t)
             for k in summary:
@@ -869,8 +961,8 @@ def write_synth_dataset(out_dir, n_rollouts: int, seed: int = 0, *, batch_rollou
         writers = []
         nbytes = sum((tmp / f"{n}.parquet").stat().st_size for n in names)
         if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.rename(out, old / "d")
+            old = out.parent / f".{out.name}.old-{os.getpid()}-{random.getrandbits(32):08x}"
+            os.rename(out, old)
             os.rename(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
         else:
@@ -885,3 +977,39 @@ def write_synth_dataset(out_dir, n_rollouts: int, seed: int = 0, *, batch_rollou
         raise
     summary.update(bytes=nbytes, seconds=round(time.perf_counter() - t0, 3), path=str(out))
     return summary
+
+
+def main(argv=None) -> int:
+    """``python -m chainrows.synth OUT --rollouts N [--seed S] ...``: write a synthetic dataset."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m chainrows.synth", description=main.__doc__)
+    ap.add_argument("out")
+    ap.add_argument("--rollouts", type=int, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=1, help="processes building batches (0: one per CPU)")
+    ap.add_argument("--batch-rollouts", type=int, default=DEFAULT_BATCH_ROLLOUTS)
+    ap.add_argument("--corrupt-rate", type=float, default=_DEFAULTS["corrupt_rate"])
+    ap.add_argument("--no-logprobs", action="store_true")
+    ap.add_argument("--overwrite", action="store_true")
+    a = ap.parse_args(argv)
+    summary = write_synth_dataset(
+        a.out,
+        a.rollouts,
+        a.seed,
+        batch_rollouts=a.batch_rollouts,
+        workers=a.workers,
+        overwrite=a.overwrite,
+        corrupt_rate=a.corrupt_rate,
+        logprobs=not a.no_logprobs,
+    )
+    print(
+        f"wrote {summary['path']}: {summary['rollouts']} rollouts ({summary['corrupt']} corrupt), "
+        f"{summary['calls']} calls, {summary['tokens']} tokens, {summary['bytes'] / 1e6:.1f} MB "
+        f"in {summary['seconds']:.1f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

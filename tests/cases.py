@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from chainrows import reasons as R
 from chainrows.reasons import DETAILS, REASONS, format_detail
 
-try:
-    from tests.builders import (
+try:  # tests/ on sys.path (tests/conftest.py)
+    from builders import (
         LAST, RolloutBuilder, combine, delta_hash, message, one_call, single_chain,
         worked_example,
     )
-except ImportError:  # tests/ itself on sys.path (pytest's default rootdir-less import)
-    from builders import (  # type: ignore[no-redef]
+except ImportError:  # imported as tests.cases from the repo root
+    from tests.builders import (  # type: ignore[no-redef]
         LAST, RolloutBuilder, combine, delta_hash, message, one_call, single_chain,
         worked_example,
     )

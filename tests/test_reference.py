@@ -13,12 +13,8 @@ from chainrows import reasons as R
 from chainrows.io.schema import tables_from_pylists
 from chainrows.reference import chain_hash, reassemble
 
-try:
-    from tests.builders import delta_hash, one_call, worked_example
-    from tests.cases import CASES, check_case
-except ImportError:  # tests/ itself on sys.path
-    from builders import delta_hash, one_call, worked_example  # type: ignore[no-redef]
-    from cases import CASES, check_case  # type: ignore[no-redef]
+from builders import delta_hash, one_call, worked_example  # tests/ on sys.path: conftest.py
+from cases import CASES, check_case
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

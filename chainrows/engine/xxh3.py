@@ -5,35 +5,42 @@
 length and every seed in [0, 2**64). It is an njit function, callable from other kernels;
 ``hash_deltas`` hashes many runs in parallel.
 
-Why tokens instead of bytes: the input is always a whole number of little-endian int32 tokens, so
-its byte length is a multiple of 4, and every offset XXH3 reads the input at is then a multiple of 4
-as well (checked per length class below). A 64-bit input lane is two adjacent tokens, a 32-bit lane
-one token. The only byte-granular reads in XXH3 are in ``XXH3_len_1to3``, which needs a length of
-1..3 bytes and so never runs here. Byte lengths per class, in tokens (n):
+Input reads. The input is a whole number of little-endian int32 tokens, so its byte length is a
+multiple of 4 and every offset XXH3 reads the input at is a multiple of 4 as well. A 64-bit lane is
+two adjacent tokens, a 32-bit word one token. Per length class, in tokens (n):
 
-  n == 0          len 0          reads the secret only
-  n in 1..2       len 4..8       32-bit reads at 0 and len-4                   -> tokens 0, n-1
-  n in 3..4       len 12..16     64-bit reads at 0 and len-8                   -> tokens 0, n-2
-  n in 5..32      len 20..128    16-byte pairs at 16k and len-16(k+1)          -> tokens 4k, n-4(k+1)
-  n in 33..60     len 132..240   16-byte pairs at 16k, and len-16              -> tokens 4k, n-4
-  n >= 61         len >= 244     64-byte stripes at 64k, and the last at len-64 -> tokens 16k, n-16
+  n == 0        len 0          no input read (secret only)
+  n in 1..2     len 4..8       32-bit reads at 0 and len-4                      -> tokens 0, n-1
+  n in 3..4     len 12..16     64-bit reads at 0 and len-8                      -> tokens 0, n-2
+  n in 5..32    len 20..128    16-byte pairs at 16k and len-16(k+1), k < 4      -> tokens 4k, n-4(k+1)
+  n in 33..60   len 132..240   16-byte pairs at 16k (k < n/4), and at len-16    -> tokens 4k, n-4
+  n >= 61       len >= 244     64-byte stripes at 64k, the last one at len-64   -> tokens 16k, n-16
 
-Secret reads, by contrast, happen at odd byte offsets (3 + 16k, 119, 121 + 8k, 11 + 8k). They come
-from ``_K64``, a frozen table of the 64-bit little-endian word at every byte offset of the default
-secret. For seeded long inputs XXH3 derives a custom secret (``XXH3_initCustomSecret``: each aligned
-64-bit word of the default secret plus the seed at even word indices, minus it at odd ones). It is
-never materialised here: aligned words are computed on the fly as ``_K8[w] +/- seed`` and the few
-unaligned ones are spliced from two such words (``_secret_at``). The custom secret of seed 0 is the
-default secret, so one code path serves both. Short inputs (<= 240 bytes) use the seed directly.
+The one exception in XXH3, ``XXH3_len_1to3`` (byte reads at 0, len/2, len-1), needs a 1..3 byte
+input and so never runs. Lanes are read with unaligned 8-byte loads straight from the token buffer
+(little-endian hosts only: the import fails elsewhere), through the intrinsics ``_lane`` / ``_u32``
+on a raw ``int32*``. The helpers take that pointer rather than the array: no reference counting and
+no negative-index wraparound on the hot path, and ``tokens`` must be C-contiguous (a TypingError
+says so otherwise).
 
-The 64x64->128 multiply of ``XXH3_mul128_fold64`` is done with 32-bit halves in uint64. Every
-constant is an ``np.uint64`` (a uint64 meeting an int64 becomes a float64 in Numba) and every shift
-count is one too.
+Secret reads happen at odd byte offsets too (3 + 16k, 119 for the 129..240 class; 121 + 8k and
+11 + 8k for long inputs). Short inputs (<= 240 bytes) use the default secret with the seed added
+directly; those reads come from ``_K64``, a frozen table of the 64-bit little-endian word at every
+byte offset of the default secret. Long inputs with seed != 0 use XXH3_initCustomSecret(seed): the
+aligned 64-bit word w of the default secret plus the seed for even w, minus it for odd w. It is
+never materialised in memory: aligned words are ``_K8[w] +/- seed`` on the fly and the unaligned
+ones are spliced from two such words (``_secret_at``, and the vector code for the last stripe).
+With seed == 0 that is the default secret, as XXH3 requires, so one code path serves both.
 
-The long-input loop keeps the eight accumulators in scalar locals. Numba ships with LLVM's SLP
-vectoriser off and the loop vectoriser cannot see across the lane swap of XXH3 (``acc[i ^ 1] +=
-data``), so this is scalar code; it runs at several GB/s per core (see ``tests/test_xxh3.py`` and
-the module's ``_bench`` helper).
+The 64x64->128 multiply of ``XXH3_mul128_fold64`` is written with 32-bit halves in uint64 (LLVM
+turns it into one widening multiply). Every constant is an ``np.uint64`` and so is every shift
+count: a uint64 meeting an int64 becomes a float64 in Numba.
+
+Long inputs. Numba runs LLVM with the SLP vectoriser off, and the loop vectoriser cannot handle the
+lane swap of XXH3 (``acc[i ^ 1] += data``), so the stripe loop is emitted directly as LLVM IR on
+``<8 x i64>`` vectors (``_long_accumulate``): per 64-byte stripe one load, one xor with the secret,
+one 32x32->64 multiply (pmuludq), a pair swap and two adds; the 16 stripes of a 1 KiB block are
+unrolled, then the scramble. Nothing is allocated per call.
 """
 
 from __future__ import annotations
@@ -51,14 +58,14 @@ from chainrows.engine._jit import jit, pjit
 
 __all__ = ["xxh3_64_tokens", "hash_deltas"]
 
-if sys.byteorder != "little":  # tokens are read as little-endian 64-bit lanes straight from memory
+if sys.byteorder != "little":  # lanes are read from memory as little-endian 64-bit words
     raise ImportError("chainrows.engine.xxh3 needs a little-endian platform")
 
-# ---- constants (all np.uint64 so Numba types every expression as uint64) --------------------------
+# ---- constants (np.uint64, so every expression stays uint64 in Numba) ---------------------------
 
-_U0 = np.uint64(0)
 _U8 = np.uint64(8)
 _M32 = np.uint64(0xFFFFFFFF)
+_S15 = np.uint64(15)
 _S24 = np.uint64(24)
 _S28 = np.uint64(28)
 _S29 = np.uint64(29)
@@ -106,30 +113,70 @@ _K64 = np.array(
     [int.from_bytes(_KSECRET[o : o + 8].tobytes(), "little") for o in range(192 - 8 + 1)], dtype=np.uint64
 )
 _K8 = np.ascontiguousarray(_K64[::8])
-# Two 32-bit secret words used by the 4..8-byte class are folded into one 64-bit constant below.
 _BITFLIP_0 = np.uint64(int(_K64[56]) ^ int(_K64[64]))  # len 0
 _BITFLIP_4 = np.uint64(int(_K64[8]) ^ int(_K64[16]))  # len 4..8
 _BITFLIP_9A = np.uint64(int(_K64[24]) ^ int(_K64[32]))  # len 9..16, low lane
 _BITFLIP_9B = np.uint64(int(_K64[40]) ^ int(_K64[48]))  # len 9..16, high lane
 
-# ---- primitives --------------------------------------------------------------------------------
+_I32P = types.CPointer(types.int32)
+
+# ---- raw token access ----------------------------------------------------------------------------
 
 
-@jit
-def _u32(tokens, i):
-    """Token i as an unsigned 32-bit little-endian word, zero-extended to uint64."""
-    return np.uint64(np.uint32(tokens[i]))
+@intrinsic
+def _token_pointer(typingctx, tokens, start):
+    """int32* to tokens[start]. tokens must be a C-contiguous 1-D int32 array; start is not checked."""
+    if not (isinstance(tokens, types.Array) and tokens.ndim == 1 and tokens.dtype == types.int32):
+        raise TypingError("xxh3: tokens must be a 1-D int32 array, got %s" % (tokens,))
+    if tokens.layout != "C":
+        raise TypingError("xxh3: tokens must be C-contiguous (layout 'C'), got %s" % (tokens,))
+    if not isinstance(start, types.Integer):
+        raise TypingError("xxh3: start must be an integer, got %s" % (start,))
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        idx = context.cast(builder, args[1], signature.args[1], types.int64)
+        return builder.gep(ary.data, [idx])
+
+    return _I32P(tokens, start), codegen
 
 
-@jit
-def _lane(tokens, i):
-    """readLE64 of tokens i, i+1."""
-    return np.uint64(np.uint32(tokens[i])) | (np.uint64(np.uint32(tokens[i + 1])) << _S32)
+def _index_ptr(context, builder, signature, args):
+    idx = context.cast(builder, args[1], signature.args[1], types.int64)
+    return builder.gep(args[0], [idx])
+
+
+@intrinsic
+def _u32(typingctx, p, i):
+    """readLE32 of token p[i], zero-extended to uint64."""
+    if p != _I32P or not isinstance(i, types.Integer):
+        raise TypingError("xxh3: _u32(int32*, integer)")
+
+    def codegen(context, builder, signature, args):
+        return builder.zext(builder.load(_index_ptr(context, builder, signature, args), align=4), ir.IntType(64))
+
+    return types.uint64(p, i), codegen
+
+
+@intrinsic
+def _lane(typingctx, p, i):
+    """readLE64 of tokens p[i], p[i + 1]: one unaligned 8-byte load."""
+    if p != _I32P or not isinstance(i, types.Integer):
+        raise TypingError("xxh3: _lane(int32*, integer)")
+
+    def codegen(context, builder, signature, args):
+        ptr = builder.bitcast(_index_ptr(context, builder, signature, args), ir.IntType(64).as_pointer())
+        return builder.load(ptr, align=4)
+
+    return types.uint64(p, i), codegen
+
+
+# ---- scalar primitives ---------------------------------------------------------------------------
 
 
 @jit
 def _mul128_fold64(a, b):
-    """XXH3_mul128_fold64: low 64 bits of the 128-bit product xor its high 64 bits (32-bit halves)."""
+    """XXH3_mul128_fold64: low 64 bits of the 128-bit product a * b xor its high 64 bits."""
     a_lo = a & _M32
     a_hi = a >> _S32
     b_lo = b & _M32
@@ -164,8 +211,8 @@ def _xxh3_avalanche(h):
 
 @jit
 def _rrmbp(h, length):
-    """XXH3_rrmbp: rotl49 ^ rotl24 mix, used by the 4..8-byte class."""
-    h ^= ((h << _S49) | (h >> np.uint64(15))) ^ ((h << _S24) | (h >> _S40))
+    """XXH3_rrmbp, the final mix of the 4..8-byte class (rotl 49 and rotl 24)."""
+    h ^= ((h << _S49) | (h >> _S15)) ^ ((h << _S24) | (h >> _S40))
     h *= _PRIME_MX2
     h ^= (h >> _S35) + length
     h *= _PRIME_MX2
@@ -175,29 +222,30 @@ def _rrmbp(h, length):
 
 @jit
 def _bswap64(x):
-    x = ((x & np.uint64(0x00000000FFFFFFFF)) << _S32) | (x >> _S32)
-    x = ((x & np.uint64(0x0000FFFF0000FFFF)) << np.uint64(16)) | ((x >> np.uint64(16)) & np.uint64(0x0000FFFF0000FFFF))
-    x = ((x & np.uint64(0x00FF00FF00FF00FF)) << _U8) | ((x >> _U8) & np.uint64(0x00FF00FF00FF00FF))
-    return x
+    x = ((x & _M32) << _S32) | (x >> _S32)
+    m16 = np.uint64(0x0000FFFF0000FFFF)
+    x = ((x & m16) << np.uint64(16)) | ((x >> np.uint64(16)) & m16)
+    m8 = np.uint64(0x00FF00FF00FF00FF)
+    return ((x & m8) << _U8) | ((x >> _U8) & m8)
 
 
 @jit
 def _bswap32(x):
-    """Byte swap of the low 32 bits of x (result < 2**32)."""
-    x &= _M32
+    """Byte swap of the low 32 bits of x (the result is < 2**32)."""
     return (
         ((x & np.uint64(0xFF)) << _S24)
         | ((x & np.uint64(0xFF00)) << _U8)
         | ((x >> _U8) & np.uint64(0xFF00))
-        | (x >> _S24)
+        | ((x >> _S24) & np.uint64(0xFF))
     )
 
 
 @jit
-def _mix16(tokens, i, sec_off, seed):
-    """XXH3_mix16B on tokens i..i+3 with the default secret at byte offset sec_off."""
-    lo = _lane(tokens, i) ^ (_K64[sec_off] + seed)
-    hi = _lane(tokens, i + 2) ^ (_K64[sec_off + 8] - seed)
+def _mix16(p, i, sec_off, seed):
+    """XXH3_mix16B: tokens p[i .. i+4] against the default secret at byte sec_off, seeded."""
+    o = np.uint64(sec_off)  # unsigned index: no negative-index wraparound code
+    lo = _lane(p, i) ^ (_K64[o] + seed)
+    hi = _lane(p, i + 2) ^ (_K64[o + _U8] - seed)
     return _mul128_fold64(lo, hi)
 
 
@@ -211,216 +259,197 @@ def _custom_word(w, seed):
 
 @jit
 def _secret_at(o, seed):
-    """readLE64(customSecret(seed) + o) for any byte offset o in 0..184."""
+    """readLE64(customSecret(seed) + o) for a byte offset o in 0..184."""
     w = o >> 3
     r = o & 7
     lo = _custom_word(w, seed)
     if r == 0:
         return lo
-    hi = _custom_word(w + 1, seed)
     sh = np.uint64(8 * r)
-    return (lo >> sh) | (hi << (_S64 - sh))
+    return (lo >> sh) | (_custom_word(w + 1, seed) << (_S64 - sh))
 
 
 # ---- length classes ------------------------------------------------------------------------------
 
 
-@jit(inline="always")
-def _hash_short(tokens, start, n, seed):
-    """0..240 bytes (n <= 60 tokens): XXH3_len_0to16, XXH3_len_17to128, XXH3_len_129to240."""
+@jit
+def _hash_short(p, n, seed):
+    """n <= 60 tokens (0..240 bytes): XXH3_len_0to16, XXH3_len_17to128, XXH3_len_129to240."""
     length = np.uint64(4 * n)
     if n == 0:
         return _xxh64_avalanche(seed ^ _BITFLIP_0)
     if n <= 2:  # 4..8 bytes
         seed2 = seed ^ (_bswap32(seed) << _S32)
-        in1 = _u32(tokens, start)
-        in2 = _u32(tokens, start + n - 1)
-        keyed = (in2 + (in1 << _S32)) ^ (_BITFLIP_4 - seed2)
+        keyed = (_u32(p, n - 1) + (_u32(p, 0) << _S32)) ^ (_BITFLIP_4 - seed2)
         return _rrmbp(keyed, length)
     if n <= 4:  # 12..16 bytes
-        lo = _lane(tokens, start) ^ (_BITFLIP_9A + seed)
-        hi = _lane(tokens, start + n - 2) ^ (_BITFLIP_9B - seed)
-        acc = length + _bswap64(lo) + hi + _mul128_fold64(lo, hi)
-        return _xxh3_avalanche(acc)
+        lo = _lane(p, 0) ^ (_BITFLIP_9A + seed)
+        hi = _lane(p, n - 2) ^ (_BITFLIP_9B - seed)
+        return _xxh3_avalanche(length + _bswap64(lo) + hi + _mul128_fold64(lo, hi))
     acc = length * _P64_1
     if n <= 32:  # 17..128 bytes
         if n > 8:
             if n > 16:
                 if n > 24:
-                    acc += _mix16(tokens, start + 12, 96, seed)
-                    acc += _mix16(tokens, start + n - 16, 112, seed)
-                acc += _mix16(tokens, start + 8, 64, seed)
-                acc += _mix16(tokens, start + n - 12, 80, seed)
-            acc += _mix16(tokens, start + 4, 32, seed)
-            acc += _mix16(tokens, start + n - 8, 48, seed)
-        acc += _mix16(tokens, start, 0, seed)
-        acc += _mix16(tokens, start + n - 4, 16, seed)
+                    acc += _mix16(p, 12, 96, seed)
+                    acc += _mix16(p, n - 16, 112, seed)
+                acc += _mix16(p, 8, 64, seed)
+                acc += _mix16(p, n - 12, 80, seed)
+            acc += _mix16(p, 4, 32, seed)
+            acc += _mix16(p, n - 8, 48, seed)
+        acc += _mix16(p, 0, 0, seed)
+        acc += _mix16(p, n - 4, 16, seed)
         return _xxh3_avalanche(acc)
-    # 129..240 bytes: XXH3_MIDSIZE_STARTOFFSET = 3, XXH3_MIDSIZE_LASTOFFSET = 17, secret min 136.
+    # 129..240 bytes. XXH3_MIDSIZE_STARTOFFSET = 3, XXH3_MIDSIZE_LASTOFFSET = 17, secret min 136.
     for k in range(8):
-        acc += _mix16(tokens, start + 4 * k, 16 * k, seed)
+        acc += _mix16(p, 4 * k, 16 * k, seed)
     acc = _xxh3_avalanche(acc)
-    acc_end = _mix16(tokens, start + n - 4, 136 - 17, seed)
+    acc_end = _mix16(p, n - 4, 136 - 17, seed)
     for k in range(8, n // 4):
-        acc_end += _mix16(tokens, start + 4 * k, 16 * (k - 8) + 3, seed)
+        acc_end += _mix16(p, 4 * k, 16 * (k - 8) + 3, seed)
     return _xxh3_avalanche(acc + acc_end)
 
 
 def _long_accumulate_codegen(context, builder, signature, args):
-    """LLVM IR for the stripe loop of XXH3_hashLong_64b_withSeed, on <8 x i64> vectors.
+    """LLVM IR for the stripe loop of XXH3_hashLong_64b, the 8 accumulators in one <8 x i64>.
 
-    acc[i] lives in lane i of one <8 x i64> value; a stripe is one unaligned <8 x i64> load of 16
-    tokens (little-endian: two int32 tokens are one 64-bit lane). Per stripe s (w = s % 16):
-        key = custom[w .. w+8] ; dk = data ^ key
-        acc += swap_pairs(data) + (dk & 0xFFFFFFFF) * (dk >> 32)      # pmuludq
-    and after the 16th stripe of every full block the accumulators are scrambled with custom[16..24].
-    The last stripe reads the input at token last_off and the secret at byte 121 (unaligned).
+    Per 64-byte stripe s of a block (16 tokens, one unaligned <8 x i64> load):
+        key = customSecret[8 s .. 8 s + 64]      (words s .. s+7 of _K8, +/- seed alternating)
+        dk  = data ^ key
+        acc += swap_pairs(data) + (dk & 0xFFFFFFFF) * (dk >> 32)
+    After the 16 stripes of every full 1 KiB block: acc = (acc ^ acc >> 47 ^ customSecret[128:192])
+    * PRIME32_1. Then the n_rest (< 16) stripes of the partial block, and the last stripe: input at
+    token last_off, secret at byte 121 (= word 15 shifted down a byte, spliced with word 16).
+    The seed pattern vectors are built once; no memory is written.
     """
-    arr_t = signature.args[0]
-    tokens, start, n_blocks, n_rest, last_off, seed = args
+    p, n_blocks, n_rest, last_off, seed = args
     i32 = ir.IntType(32)
     i64 = ir.IntType(64)
     v8 = ir.VectorType(i64, 8)
+    zero32 = ir.Constant(i32, 0)
+
+    def const(x):
+        return ir.Constant(i64, int(x))
 
     def splat(x):
-        return ir.Constant(v8, [ir.Constant(i64, int(x))] * 8)
+        return ir.Constant(v8, [const(x)] * 8)
 
-    ary = context.make_array(arr_t)(context, builder, tokens)
-    data = builder.gep(ary.data, [start])  # i32*, first token
-
-    # customSecret(seed) (XXH3_initCustomSecret): aligned word w is _K8[w] + seed for even w and
-    # _K8[w] - seed for odd w, i.e. the default words plus an alternating seed vector.
-    zero32 = ir.Constant(i32, 0)
-    k8_type = ir.ArrayType(i64, 24)
-    k8_global = cgutils.global_constant(
-        builder, "xxh3_k8", ir.Constant(k8_type, [ir.Constant(i64, int(x)) for x in _K8])
-    )
-    k8 = builder.gep(k8_global, [zero32, zero32])  # i64*
-    neg = builder.sub(ir.Constant(i64, 0), seed)
-    undef8 = ir.Constant(v8, ir.Undefined)
-    seed_v = builder.insert_element(undef8, seed, zero32)
-    neg_v = builder.insert_element(undef8, neg, zero32)
-
-    def mask(idx):
+    def lanes_mask(idx):
         return ir.Constant(ir.VectorType(i32, 8), [ir.Constant(i32, k) for k in idx])
-
-    # sign_even: (+seed, -seed, +seed, ...), the pattern of stripes starting at an even word.
-    sign_even = builder.shuffle_vector(seed_v, neg_v, mask([0, 8] * 4))
-    sign_odd = builder.shuffle_vector(seed_v, neg_v, mask([8, 0] * 4))
 
     def load_v8(ptr, align):
         return builder.load(builder.bitcast(ptr, v8.as_pointer()), align=align)
 
-    mask32 = splat(0xFFFFFFFF)
-    sh32 = splat(32)
-    swap = ir.Constant(ir.VectorType(i32, 8), [ir.Constant(i32, k ^ 1) for k in range(8)])
-
-    def accumulate(acc, d, key):
-        dk = builder.xor(d, key)
-        prod = builder.mul(builder.and_(dk, mask32), builder.lshr(dk, sh32))
-        swapped = builder.shuffle_vector(d, ir.Constant(v8, ir.Undefined), swap)
-        return builder.add(acc, builder.add(swapped, prod))
-
-    def scramble(acc):
-        x = builder.xor(acc, builder.lshr(acc, splat(47)))
-        return builder.mul(builder.xor(x, scr_key), splat(_P32_1))
+    k8_type = ir.ArrayType(i64, 24)
+    k8_global = cgutils.global_constant(builder, "xxh3_k8", ir.Constant(k8_type, [const(x) for x in _K8]))
+    k8 = builder.gep(k8_global, [zero32, zero32])  # i64*
+    undef8 = ir.Constant(v8, ir.Undefined)
+    seed_v = builder.insert_element(undef8, seed, zero32)
+    neg_v = builder.insert_element(undef8, builder.sub(const(0), seed), zero32)
+    sign_even = builder.shuffle_vector(seed_v, neg_v, lanes_mask([0, 8] * 4))  # +s, -s, +s, ...
+    sign_odd = builder.shuffle_vector(seed_v, neg_v, lanes_mask([8, 0] * 4))  # -s, +s, -s, ...
 
     def key_at(w, sign):  # custom secret words w .. w+7
         return builder.add(load_v8(builder.gep(k8, [w]), 8), sign)
 
-    def stripe_at(base, s):  # input of stripe s counted from token pointer base
-        return load_v8(builder.gep(base, [builder.mul(s, ir.Constant(i64, 16))]), 4)
+    def stripe_at(base, s):  # 16 tokens from base + 16 s
+        return load_v8(builder.gep(base, [builder.mul(s, const(16))]), 4)
 
-    init = ir.Constant(
-        v8, [ir.Constant(i64, int(x)) for x in (_P32_3, _P64_1, _P64_2, _P64_3, _P64_4, _P32_2, _P64_5, _P32_1)]
-    )
-    scr_key = key_at(ir.Constant(i64, 16), sign_even)
-    keys = [key_at(ir.Constant(i64, w), sign_odd if w & 1 else sign_even) for w in range(16)]
+    swap = lanes_mask([k ^ 1 for k in range(8)])
+    mask32 = splat(0xFFFFFFFF)
+    sh32 = splat(32)
+
+    def accumulate(acc, d, key):
+        dk = builder.xor(d, key)
+        prod = builder.mul(builder.and_(dk, mask32), builder.lshr(dk, sh32))
+        return builder.add(acc, builder.add(builder.shuffle_vector(d, undef8, swap), prod))
+
+    scramble_key = key_at(const(16), sign_even)
+
+    def scramble(acc):
+        x = builder.xor(acc, builder.lshr(acc, splat(47)))
+        return builder.mul(builder.xor(x, scramble_key), splat(_P32_1))
+
+    keys = [key_at(const(w), sign_odd if w & 1 else sign_even) for w in range(16)]
+    init = ir.Constant(v8, [const(x) for x in (_P32_3, _P64_1, _P64_2, _P64_3, _P64_4, _P32_2, _P64_5, _P32_1)])
+
+    entry = builder.block
+    block_head = builder.append_basic_block("xxh3.block.head")
+    block_body = builder.append_basic_block("xxh3.block.body")
+    rest_head = builder.append_basic_block("xxh3.rest.head")
+    rest_body = builder.append_basic_block("xxh3.rest.body")
+    done = builder.append_basic_block("xxh3.stripes.done")
+    builder.branch(block_head)
 
     # Full blocks: 16 stripes unrolled, then the scramble.
-    entry = builder.block
-    bhead = builder.append_basic_block("xxh3_block_head")
-    bbody = builder.append_basic_block("xxh3_block_body")
-    shead = builder.append_basic_block("xxh3_stripe_head")
-    sbody = builder.append_basic_block("xxh3_stripe_body")
-    done = builder.append_basic_block("xxh3_stripes_done")
-    builder.branch(bhead)
-
-    builder.position_at_end(bhead)
+    builder.position_at_end(block_head)
     blk = builder.phi(i64, name="block")
     acc = builder.phi(v8, name="acc")
-    blk.add_incoming(ir.Constant(i64, 0), entry)
+    blk.add_incoming(const(0), entry)
     acc.add_incoming(init, entry)
-    builder.cbranch(builder.icmp_signed("<", blk, n_blocks), bbody, shead)
+    builder.cbranch(builder.icmp_signed("<", blk, n_blocks), block_body, rest_head)
 
-    builder.position_at_end(bbody)
-    base = builder.gep(data, [builder.mul(blk, ir.Constant(i64, 256))])
+    builder.position_at_end(block_body)
+    base = builder.gep(p, [builder.mul(blk, const(256))])
     a = acc
     for w in range(16):
-        a = accumulate(a, stripe_at(base, ir.Constant(i64, w)), keys[w])
+        a = accumulate(a, stripe_at(base, const(w)), keys[w])
     a = scramble(a)
-    blk.add_incoming(builder.add(blk, ir.Constant(i64, 1)), bbody)
-    acc.add_incoming(a, bbody)
-    builder.branch(bhead)
+    blk.add_incoming(builder.add(blk, const(1)), block_body)
+    acc.add_incoming(a, block_body)
+    builder.branch(block_head)
 
-    # The last, partial block: n_rest < 16 stripes, no scramble.
-    builder.position_at_end(shead)
+    # The partial block: n_rest < 16 stripes, no scramble.
+    builder.position_at_end(rest_head)
     s = builder.phi(i64, name="stripe")
     acc2 = builder.phi(v8, name="acc")
-    s.add_incoming(ir.Constant(i64, 0), bhead)
-    acc2.add_incoming(acc, bhead)
-    base = builder.gep(data, [builder.mul(n_blocks, ir.Constant(i64, 256))])
-    builder.cbranch(builder.icmp_signed("<", s, n_rest), sbody, done)
+    s.add_incoming(const(0), block_head)
+    acc2.add_incoming(acc, block_head)
+    base = builder.gep(p, [builder.mul(n_blocks, const(256))])
+    builder.cbranch(builder.icmp_signed("<", s, n_rest), rest_body, done)
 
-    builder.position_at_end(sbody)
-    odd = builder.trunc(s, ir.IntType(1))
-    a = accumulate(acc2, stripe_at(base, s), key_at(s, builder.select(odd, sign_odd, sign_even)))
-    s.add_incoming(builder.add(s, ir.Constant(i64, 1)), sbody)
-    acc2.add_incoming(a, sbody)
-    builder.branch(shead)
+    builder.position_at_end(rest_body)
+    sign = builder.select(builder.trunc(s, ir.IntType(1)), sign_odd, sign_even)
+    a = accumulate(acc2, stripe_at(base, s), key_at(s, sign))
+    s.add_incoming(builder.add(s, const(1)), rest_body)
+    acc2.add_incoming(a, rest_body)
+    builder.branch(rest_head)
 
-    acc = acc2
+    # The last stripe, ending at the input's end, against the secret at byte 192 - 64 - 7 = 121.
     builder.position_at_end(done)
-    d = load_v8(builder.gep(data, [last_off]), 4)
-    # Secret at byte 121 = 8 * 15 + 1: word 15 + i shifted down a byte, word 16 + i shifted up 7.
-    lo = key_at(ir.Constant(i64, 15), sign_odd)
-    hi = key_at(ir.Constant(i64, 16), sign_even)
-    key = builder.or_(builder.lshr(lo, splat(8)), builder.shl(hi, splat(56)))
-    acc4 = accumulate(acc, d, key)
-    lanes = [builder.extract_element(acc4, ir.Constant(i32, k)) for k in range(8)]
-    return context.make_tuple(builder, signature.return_type, lanes)
+    key_lo = key_at(const(15), sign_odd)
+    key_hi = key_at(const(16), sign_even)
+    key = builder.or_(builder.lshr(key_lo, splat(8)), builder.shl(key_hi, splat(56)))
+    d = load_v8(builder.gep(p, [last_off]), 4)
+    a = accumulate(acc2, d, key)
+    return context.make_tuple(
+        builder, signature.return_type, [builder.extract_element(a, ir.Constant(i32, k)) for k in range(8)]
+    )
 
 
 @intrinsic
-def _long_accumulate(typingctx, tokens, start, n_blocks, n_rest, last_off, seed):
-    """The 8 accumulators of XXH3_hashLong after all stripes (see _long_accumulate_codegen).
+def _long_accumulate(typingctx, p, n_blocks, n_rest, last_off, seed):
+    """The 8 accumulators of XXH3_hashLong_64b after every stripe (see _long_accumulate_codegen).
 
-    tokens must be a C-contiguous 1-D int32 array; start (token index), n_blocks (full 1024-byte
-    blocks), n_rest (stripes of the partial block, < 16), last_off (token offset of the last stripe
-    from start) are int64, seed the uint64 seed.
+    p points at the first token; n_blocks full 1 KiB blocks, n_rest (< 16) stripes of the partial
+    block, last_off the token offset of the final stripe; seed the uint64 seed (0: default secret).
     """
-    if not (isinstance(tokens, types.Array) and tokens.ndim == 1 and tokens.dtype == types.int32):
-        raise TypingError("xxh3: tokens must be a 1-D int32 array")
-    if tokens.layout != "C":
-        raise TypingError("xxh3: tokens must be C-contiguous (layout 'C'), got layout %r" % tokens.layout)
-    sig = types.UniTuple(types.uint64, 8)(tokens, types.int64, types.int64, types.int64, types.int64, types.uint64)
+    if p != _I32P:
+        raise TypingError("xxh3: _long_accumulate needs an int32*")
+    sig = types.UniTuple(types.uint64, 8)(_I32P, types.int64, types.int64, types.int64, types.uint64)
     return sig, _long_accumulate_codegen
 
 
-@jit(inline="always")
-def _hash_long(tokens, start, n, seed):
-    """> 240 bytes (n >= 61 tokens): XXH3_hashLong_64b_withSeed with the 192-byte secret.
-
-    Blocks are 16 stripes of 64 bytes (16 tokens); the last, partial block has
-    ((len - 1) % 1024) // 64 stripes, then one more stripe ends exactly at the input's end.
-    """
+@jit
+def _hash_long(p, n, seed):
+    """n >= 61 tokens (> 240 bytes): XXH3_hashLong_64b_withSeed, 192-byte secret."""
     nbytes = 4 * n
     n_blocks = (nbytes - 1) // 1024
     n_rest = ((nbytes - 1) - 1024 * n_blocks) // 64
     a0, a1, a2, a3, a4, a5, a6, a7 = _long_accumulate(
-        tokens, np.int64(start), np.int64(n_blocks), np.int64(n_rest), np.int64(n - 16), seed
+        p, np.int64(n_blocks), np.int64(n_rest), np.int64(n - 16), seed
     )
-    # XXH3_mergeAccs with the secret at byte 11 (unaligned), start len * PRIME64_1.
+    # XXH3_mergeAccs: secret at byte 11 (XXH_SECRET_MERGEACCS_START), start value len * PRIME64_1.
     r = np.uint64(nbytes) * _P64_1
     r += _mul128_fold64(a0 ^ _secret_at(11, seed), a1 ^ _secret_at(19, seed))
     r += _mul128_fold64(a2 ^ _secret_at(27, seed), a3 ^ _secret_at(35, seed))
@@ -434,22 +463,23 @@ def _hash_long(tokens, start, n, seed):
 
 @jit
 def xxh3_64_tokens(tokens, start, stop, seed):
-    """XXH3-64 of tokens[start:stop] as little-endian int32 bytes, seeded (uint64).
+    """XXH3-64 of tokens[start:stop] read as little-endian int32 bytes, with a uint64 seed.
 
-    Equals xxhash.xxh3_64_intdigest(tokens[start:stop].astype("<i4").tobytes(), seed). tokens is a
-    1-D int32 array; 0 <= start <= stop <= len(tokens) is the caller's contract (not checked).
-    Allocates nothing.
+    Equals xxhash.xxh3_64_intdigest(tokens[start:stop].astype("<i4").tobytes(), seed). tokens: a
+    C-contiguous 1-D int32 array; 0 <= start <= stop <= len(tokens) is the caller's contract and is
+    not checked. Allocates nothing; callable from other njit kernels.
     """
     s = np.uint64(seed)
-    n = stop - start
+    n = np.int64(stop) - np.int64(start)
+    p = _token_pointer(tokens, start)
     if n > 60:
-        return _hash_long(tokens, start, n, s)
-    return _hash_short(tokens, start, n, s)
+        return _hash_long(p, n, s)
+    return _hash_short(p, n, s)
 
 
 @pjit
 def hash_deltas(tokens, starts, stops, seeds):
-    """out[i] = xxh3_64_tokens(tokens, starts[i], stops[i], seeds[i]), in parallel (uint64 array)."""
+    """out[i] = xxh3_64_tokens(tokens, starts[i], stops[i], seeds[i]) as a uint64 array, in parallel."""
     m = starts.shape[0]
     out = np.empty(m, dtype=np.uint64)
     for i in prange(m):

@@ -77,7 +77,7 @@ def table_files(dataset_dir: str | os.PathLike, name: str) -> list[Path]:
     single, folder = root / f"{name}.parquet", root / name
     if single.exists() and folder.exists():
         raise InputError(f"table stored twice: both {single.name} and {folder.name}/ exist; "
-                         f"keep one", table=name, file=root)
+                         f"keep one", table=name, directory=root)
     if single.is_file():
         return [single]
     if single.is_dir():
@@ -85,7 +85,7 @@ def table_files(dataset_dir: str | os.PathLike, name: str) -> list[Path]:
     elif not folder.is_dir():
         hint = " (a file, expected a directory)" if folder.exists() else ""
         raise InputError(f"table not found: expected {single.name} or a directory {name}/"
-                         f"{hint}", table=name, file=root)
+                         f"{hint}", table=name, directory=root)
     return _list_parts(folder, name)
 
 
@@ -98,7 +98,7 @@ def _list_parts(folder: Path, name: str) -> list[Path]:
         if path.is_dir():
             raise InputError(f"unexpected subdirectory {entry!r} in the table directory "
                              f"(nested or partitioned layouts are not supported)",
-                             table=name, file=folder)
+                             table=name, directory=folder)
         files.append(path)
     return files
 
@@ -140,9 +140,14 @@ def _expected(want: pa.DataType) -> str:
 
 
 def _type_name(t: pa.DataType) -> str:
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        kind = "list" if pa.types.is_list(t) else "large_list"
-        return f"{kind}<{t.value_type}>"
+    """Arrow type name without the list field name (it varies: item, element)."""
+    kinds = (("list", pa.types.is_list), ("large_list", pa.types.is_large_list),
+             ("list_view", pa.types.is_list_view), ("large_list_view", pa.types.is_large_list_view))
+    for kind, test in kinds:
+        if test(t):
+            return f"{kind}<{_type_name(t.value_type)}>"
+    if pa.types.is_fixed_size_list(t):
+        return f"fixed_size_list<{_type_name(t.value_type)}>[{t.list_size}]"
     return str(t)
 
 
@@ -250,7 +255,7 @@ def _narrow_cast(col: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
 def _normalize_column(name: str, file: Path, col_name: str, col: pa.ChunkedArray,
                       row0: int) -> pa.ChunkedArray:
     target = CANONICAL[name].field(col_name).type
-    if col.type == target:
+    if col.type == target and str(col.type) == str(target):  # == ignores list field names
         return col
     if target == pa.int64() and col.type == pa.uint64():
         _check_int64_range(name, file, col_name, col, row0)
@@ -364,8 +369,9 @@ def _concat(plan: TablePlan, parts: list[pa.Table]) -> pa.Table:
         return plan.schema.empty_table()
     fields = []
     for j, col in enumerate(plan.columns):
-        types = {p.schema.field(j).type for p in parts}
-        fields.append(pa.field(col, types.pop() if len(types) == 1 else
+        types = [p.schema.field(j).type for p in parts]
+        same = all(t == types[0] for t in types)
+        fields.append(pa.field(col, types[0] if same else
                                _large_form(CANONICAL[plan.name].field(col).type)))
     schema = pa.schema(fields)
     parts = [p if p.schema == schema else p.cast(schema) for p in parts]

@@ -9,9 +9,10 @@ class InputError(Exception):
     """Unusable input: a missing table or column, a wrong type, a null where none is allowed,
     an unreadable file, a malformed JSON line.
 
-    ``str(err)`` is exactly one line, ``"<table>: <what> (file <path>)"``, naming the column,
-    row, line or rollout where known. The parts are also kept as attributes (``table``,
-    ``file``, ``column``, ``row``, ``line``) for callers that want them; they may be None.
+    ``str(err)`` is exactly one line, ``"<table>: <what> (file <path>)"`` (``(directory
+    <path>)`` when the problem is a directory's content), naming the column, row, line or
+    rollout where known. The parts are also kept as attributes (``table``, ``file``,
+    ``column``, ``row``, ``line``) for callers that want them; they may be None.
     """
 
     def __init__(
@@ -23,16 +24,17 @@ class InputError(Exception):
         column: str | None = None,
         row: int | None = None,
         line: int | None = None,
+        directory: str | Path | None = None,
     ):
         self.table = table
-        self.file = None if file is None else str(file)
+        self.file = None if file is None and directory is None else str(file or directory)
         self.column = column
         self.row = row
         self.line = line
         self.reason = message
-        text = " ".join(str(message).split())  # one line whatever the caller passed
-        if table:
-            text = f"{table}: {text}"
+        text = f"{table}: {message}" if table else str(message)
         if file is not None:
             text = f"{text} (file {file})"
-        super().__init__(text)
+        elif directory is not None:
+            text = f"{text} (directory {directory})"
+        super().__init__(" ".join(text.split()))  # one line whatever the parts hold

@@ -86,6 +86,17 @@ def write_dataset(dataset_dir: str | os.PathLike, ledger: pa.Table, tokens: pa.T
     return root
 
 
+def write_dataset_atomic(dataset_dir: str | os.PathLike, ledger: pa.Table, tokens: pa.Table,
+                         rollouts: pa.Table) -> Path:
+    """:func:`write_dataset`, all or nothing: the three files appear together (via
+    :class:`AtomicOutput`; earlier ``<name>.parquet`` or ``<name>/`` tables are replaced)."""
+    root = Path(dataset_dir)
+    with AtomicOutput(root, names=("ledger", "tokens", "rollouts")) as out:
+        for name, table in (("ledger", ledger), ("tokens", tokens), ("rollouts", rollouts)):
+            out.write_table(name, table)
+    return root
+
+
 class PartWriter:
     """Streams tables / record batches into one Parquet file with a fixed schema.
 
@@ -244,6 +255,11 @@ class AtomicOutput:
         """Stage ``table`` as the single file ``<name>.parquet``."""
         path = self._claim(name, "file")
         return write_parquet(path, table, **options)
+
+    def reserve_file(self, name: str) -> Path:
+        """Path of the single file ``<name>.parquet`` in the temp dir, for callers that write
+        it themselves (it must be complete and closed before the ``with`` block ends)."""
+        return self._claim(name, "file")
 
     def part_writer(self, name: str, schema: pa.Schema, **options) -> PartWriter:
         """A :class:`PartWriter` streaming into the single file ``<name>.parquet``.

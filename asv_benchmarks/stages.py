@@ -1,0 +1,197 @@
+"""asv benchmarks: one class per engine stage, plus compile / start-up tracking.
+
+Sizes are synthetic rollouts from ``chainrows.synth`` (defaults: ~7 calls, ~3,300 tokens per
+rollout, logprobs on, 5 % corrupt). Every ``setup`` reads a cached Parquet copy of the data
+(``common.synth_dataset_dir``) and runs the stage once, so Numba compilation (or cache loading)
+never lands in a timed sample; compile time is tracked on its own by ``StartUp``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from asv_benchmarks import common
+
+SIZES = [256, 4096]
+
+
+def _engine():
+    from chainrows.engine.advantage import advantages, row_weights
+    from chainrows.engine.run import decide, gather_rows
+    from chainrows.io.columnar import build_batch
+
+    return build_batch, decide, gather_rows, advantages, row_weights
+
+
+class _Stage:
+    params = [SIZES]
+    param_names = ["rollouts"]
+    timeout = 300
+    repeat = (1, 5, 20.0)  # min, max samples, max seconds per benchmark
+    warmup_time = 0.0  # setup already warmed the kernels
+
+    def _load(self, n):
+        self.tables = common.synth_tables_cached(n)
+        self.n_tokens = common.token_bytes(self.tables[1]) // 8
+
+
+class Join(_Stage):
+    """build_batch: Arrow tables -> Batch (string ids to codes, joins, flat buffers)."""
+
+    def setup(self, n):
+        self._load(n)
+        self.build_batch = _engine()[0]
+        self.build_batch(*self.tables)
+
+    def time_build_batch(self, n):
+        self.build_batch(*self.tables)
+
+
+class Decide(_Stage):
+    """decide: rollout checks, select + cut (cc) or terminal walk (ordinary), verify with hashes."""
+
+    params = [["cc", "ordinary"], SIZES]
+    param_names = ["mode", "rollouts"]
+
+    def setup(self, mode, n):
+        self._load(n)
+        build_batch, self.decide = _engine()[:2]
+        self.batch, _ = build_batch(*self.tables)
+        self.decide(self.batch, mode)
+
+    def time_decide(self, mode, n):
+        self.decide(self.batch, mode)
+
+
+class Gather(_Stage):
+    """gather_rows: row sizes, then copy every ok chain's deltas into the output buffers."""
+
+    params = [[False, True], SIZES]
+    param_names = ["placeholders", "rollouts"]
+
+    def setup(self, placeholders, n):
+        self._load(n)
+        build_batch, decide, self.gather_rows = _engine()[:3]
+        self.batch, _ = build_batch(*self.tables)
+        self.dec = decide(self.batch, "cc")
+        self.gather_rows(self.batch, self.dec, placeholders)
+
+    def time_gather_rows(self, placeholders, n):
+        self.gather_rows(self.batch, self.dec, placeholders)
+
+
+class Advantages(_Stage):
+    """GRPO advantages (§5) per rollout and row weights."""
+
+    params = [["mean", "loo"], SIZES]
+    param_names = ["baseline", "rollouts"]
+
+    def setup(self, baseline, n):
+        self._load(n)
+        build_batch, decide, gather_rows, self.advantages, self.row_weights = _engine()
+        self.batch, _ = build_batch(*self.tables)
+        self.dec = decide(self.batch, "cc")
+        self.rows = gather_rows(self.batch, self.dec)
+        self.time_advantages(baseline, n)
+
+    def time_advantages(self, baseline, n):
+        b = self.batch
+        self.advantages(b.reward, b.has_record, b.group, self.dec.ok, baseline=baseline)
+        self.row_weights(self.rows.num_segments, "rollout")
+
+
+class ParquetToParquet(_Stage):
+    """Parquet dataset -> rows.parquet + report.parquet, against the pyarrow-only floor.
+
+    ``time_chainrows``: ``chainrows.reassemble(dataset_dir)`` (reads the three tables with the
+    project's reader), then ``pq.write_table`` of rows and report. ``time_pyarrow_floor``: read the
+    three tables with ``pq.read_table`` and write tables of the same size (the very rows and
+    report) with ``pq.write_table``. Both use pyarrow's default writer options.
+    """
+
+    repeat = (1, 3, 30.0)
+
+    def setup(self, n):
+        import chainrows
+
+        self.dataset = common.synth_dataset_dir(n)
+        self.out = Path(tempfile.mkdtemp(prefix="chainrows-asv-out-"))
+        self.reassemble = chainrows.reassemble
+        res = self.reassemble(str(self.dataset))
+        self.rows, self.report = res.rows, res.report
+
+    def teardown(self, n):
+        shutil.rmtree(self.out, ignore_errors=True)
+
+    def time_chainrows(self, n):
+        res = self.reassemble(str(self.dataset))
+        pq.write_table(res.rows, self.out / "rows.parquet")
+        pq.write_table(res.report, self.out / "report.parquet")
+
+    def time_pyarrow_floor(self, n):
+        common.read_tables(self.dataset)
+        pq.write_table(self.rows, self.out / "rows_floor.parquet")
+        pq.write_table(self.report, self.out / "report_floor.parquet")
+
+
+class Xxh3(_Stage):
+    """XXH3-64 over int32 tokens: ``hash_deltas`` on every call's delta (parallel), one long run
+    over the whole token buffer, and the xxhash C library on that same buffer (single thread)."""
+
+    def setup(self, n):
+        self._load(n)
+        from chainrows.engine.xxh3 import hash_deltas
+
+        build_batch = _engine()[0]
+        batch, _ = build_batch(*self.tables)
+        self.tokens = batch.tokens
+        self.runs = common.flat_token_runs(batch)
+        self.whole = (np.zeros(1, np.int64), np.full(1, len(self.tokens), np.int64), np.zeros(1, np.uint64))
+        self.hash_deltas = hash_deltas
+        self.hash_deltas(self.tokens, *self.runs)
+        self.hash_deltas(self.tokens, *self.whole)
+
+    def time_hash_deltas(self, n):
+        self.hash_deltas(self.tokens, *self.runs)
+
+    def time_hash_whole_buffer(self, n):
+        self.hash_deltas(self.tokens, *self.whole)
+
+    def time_xxhash_c_whole_buffer(self, n):
+        import xxhash
+
+        xxhash.xxh3_64_intdigest(memoryview(self.tokens).cast("B"), 0)
+
+
+class StartUp:
+    """Seconds for a fresh interpreter to import chainrows and reassemble 8 rollouts.
+
+    cold: NUMBA_CACHE_DIR is a new empty directory, so every kernel compiles.
+    cached: a second interpreter with that same directory, so kernels load from the cache.
+    ``import_s`` and ``reassemble_s`` are measured inside the child; reading its input is not.
+    """
+
+    timeout = 1800
+    rounds = 1
+    repeat = 1
+    number = 1
+    unit = "seconds"
+
+    def setup_cache(self):
+        cache = common.fresh_cache_dir("asv-numba-cache")
+        cold = common.start_probe(cache)
+        return {"cache": str(cache), "cold": cold}
+
+    def track_cold_compile(self, state):
+        return state["cold"]["total_s"]
+
+    def track_cached_start(self, state):
+        return common.start_probe(state["cache"])["total_s"]
+
+    track_cold_compile.unit = "seconds"
+    track_cached_start.unit = "seconds"

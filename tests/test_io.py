@@ -1,0 +1,845 @@
+"""chainrows.io: dataset reading (SPEC §2), InputError messages, atomic output writing (§4, §7)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+from chainrows.io import dataset as dsmod
+from chainrows.io import write as wmod
+from chainrows.io.dataset import (
+    Dataset,
+    check_schema,
+    dataset_has_logprobs,
+    iter_table_batches,
+    plan_table,
+    read_dataset,
+    read_table,
+    table_files,
+    table_schema,
+)
+from chainrows.io.errors import InputError
+from chainrows.io.schema import (
+    ACCEPTED_FIELD,
+    LEDGER_SCHEMA,
+    LOGPROBS_FIELD,
+    REPORT_SCHEMA,
+    ROLLOUTS_SCHEMA,
+    TOKENS_SCHEMA,
+    rows_schema,
+    tables_from_pylists,
+)
+from chainrows.io.write import (
+    WRITE_OPTIONS,
+    AtomicOutput,
+    PartWriter,
+    clean_stale_temp_dirs,
+    write_dataset,
+    write_dataset_atomic,
+)
+
+# ----------------------------------------------------------------------------- fixtures
+
+def _ledger_rows(n_rollouts=2):
+    rows = []
+    for r in range(n_rollouts):
+        rows += [
+            dict(rollout_id=f"r{r}", call_id="c1", parent_id=None, response_id="resp1", prev_len=0,
+                 delta_len=3, gen_len=1, chain_hash=2**64 - 1 - r, item_keys=[11, 12],
+                 item_ids=["a", None], failed=False),
+            dict(rollout_id=f"r{r}", call_id="c2", parent_id="c1", response_id="resp2", prev_len=3,
+                 delta_len=2, gen_len=2, chain_hash=5, item_keys=[13], item_ids=None, failed=False),
+        ]
+    return rows
+
+
+def _token_rows(n_rollouts=2, logprobs=True):
+    rows = []
+    for r in range(n_rollouts):
+        rows += [dict(rollout_id=f"r{r}", call_id="c1", tokens=[1, 2, 3], logprobs=[0.0, 0.0, -1.0]),
+                 dict(rollout_id=f"r{r}", call_id="c2", tokens=[4, 5], logprobs=[-0.5, -0.5])]
+    if not logprobs:
+        for row in rows:
+            del row["logprobs"]
+    return rows
+
+
+def _rollout_rows(n_rollouts=2, accepted=False):
+    rows = [dict(rollout_id=f"r{r}", group_id="g", reward=float(r), output_keys=[11, 12, 13],
+                 output_ids=["a", None, None], terminal_response_id="resp2")
+            for r in range(n_rollouts)]
+    if accepted:
+        for row in rows:
+            row["accepted_response_ids"] = ["resp1", "resp2"]
+    return rows
+
+
+def _tables(logprobs=True, accepted=False):
+    return tables_from_pylists(_ledger_rows(), _token_rows(logprobs=logprobs),
+                               _rollout_rows(accepted=accepted))
+
+
+@pytest.fixture
+def ds_dir(tmp_path):
+    """A valid dataset, one file per table."""
+    root = tmp_path / "ds"
+    write_dataset(root, *_tables())
+    return root
+
+
+def _replace_column(table: pa.Table, name: str, array) -> pa.Table:
+    i = table.schema.get_field_index(name)
+    arr = array if isinstance(array, (pa.Array, pa.ChunkedArray)) else pa.array(array)
+    return table.set_column(i, pa.field(name, arr.type), arr)
+
+
+def _write(path: Path, table: pa.Table) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def _err(fn, *args, **kwargs) -> str:
+    with pytest.raises(InputError) as info:
+        fn(*args, **kwargs)
+    text = str(info.value)
+    assert "\n" not in text, "InputError must be one line"
+    return text
+
+
+# ----------------------------------------------------------------------------- happy path
+
+def test_roundtrip_gives_canonical_tables(ds_dir):
+    ledger, tokens, rollouts = _tables()
+    d = read_dataset(ds_dir)
+    assert isinstance(d, Dataset)
+    assert d.ledger.schema == LEDGER_SCHEMA and d.ledger.equals(ledger)
+    assert d.tokens.schema == TOKENS_SCHEMA.append(LOGPROBS_FIELD) and d.tokens.equals(tokens)
+    assert d.rollouts.schema == ROLLOUTS_SCHEMA and d.rollouts.equals(rollouts)
+    # exactly canonical, list field names included (Parquet round trips may say "element")
+    assert str(d.ledger.schema) == str(LEDGER_SCHEMA)
+    assert str(d.rollouts.schema) == str(ROLLOUTS_SCHEMA)
+    assert d.has_logprobs and not d.has_accepted
+    assert d.files == {n: [ds_dir / f"{n}.parquet"] for n in ("ledger", "tokens", "rollouts")}
+    assert dataset_has_logprobs(ds_dir)
+
+
+def test_optional_columns_absent_and_present(tmp_path):
+    write_dataset(tmp_path, *_tables(logprobs=False, accepted=True))
+    d = read_dataset(tmp_path)
+    assert not d.has_logprobs and d.has_accepted
+    assert d.tokens.schema == TOKENS_SCHEMA
+    assert d.rollouts.schema == ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD)
+    assert not dataset_has_logprobs(tmp_path)
+
+
+def test_extra_columns_ignored(ds_dir):
+    ledger = _tables()[0].append_column("notes", pa.array(["x"] * 4)).append_column(
+        "delta_len_v2", pa.array(["bad type, unused"] * 4))
+    _write(ds_dir / "ledger.parquet", ledger)
+    out = read_table(ds_dir, "ledger")
+    assert out.schema == LEDGER_SCHEMA
+
+
+def test_columns_subset_reads_and_checks_only_those(ds_dir):
+    ledger = _replace_column(_tables()[0], "item_ids", pa.array([1, 2, 3, 4]))  # bad, unread
+    _write(ds_dir / "ledger.parquet", ledger)
+    out = read_table(ds_dir, "ledger", columns=["call_id", "rollout_id"])
+    assert out.column_names == ["rollout_id", "call_id"]  # canonical order
+    assert "item_ids" in _err(read_table, ds_dir, "ledger")
+    with pytest.raises(ValueError, match="unknown ledger column"):
+        read_table(ds_dir, "ledger", columns=["nope"])
+
+
+def test_table_schema_reads_footers_only(ds_dir):
+    assert table_schema(ds_dir, "tokens") == TOKENS_SCHEMA.append(LOGPROBS_FIELD)
+    assert table_schema(ds_dir, "rollouts", columns=["reward"]).names == ["reward"]
+
+
+# ----------------------------------------------------------------------------- file layout
+
+def test_missing_dataset_dir(tmp_path):
+    msg = _err(read_dataset, tmp_path / "nope")
+    assert "ledger: dataset directory" in msg and "nope" in msg and "does not exist" in msg
+
+
+def test_missing_table(ds_dir):
+    (ds_dir / "tokens.parquet").unlink()
+    msg = _err(read_dataset, ds_dir)
+    assert msg == (f"tokens: table not found: expected tokens.parquet or a directory tokens/ "
+                   f"(directory {ds_dir})")
+
+
+def test_table_name_is_a_file_not_a_directory(ds_dir):
+    (ds_dir / "tokens.parquet").rename(ds_dir / "tokens")
+    msg = _err(table_files, ds_dir, "tokens")
+    assert "table not found" in msg and "a file, expected a directory" in msg
+
+
+def test_both_file_and_directory(ds_dir):
+    _write(ds_dir / "ledger" / "part-0.parquet", _tables()[0])
+    msg = _err(read_dataset, ds_dir)
+    assert msg == (f"ledger: table stored twice: both ledger.parquet and ledger/ exist; keep one "
+                   f"(directory {ds_dir})")
+
+
+def test_directory_order_and_hidden_files(ds_dir):
+    ledger = _tables()[0]
+    (ds_dir / "ledger.parquet").unlink()
+    d = ds_dir / "ledger"
+    # lexicographic by name: "part-10" < "part-9"; hidden / underscore names skipped
+    _write(d / "part-9.parquet", ledger.slice(2, 2))
+    _write(d / "part-10.parquet", ledger.slice(0, 2))
+    _write(d / "_common_metadata", ledger)            # skipped
+    (d / "_SUCCESS").write_bytes(b"")                  # skipped (not Parquet)
+    (d / ".part-9.parquet.crc").write_bytes(b"junk")  # skipped (not Parquet)
+    (d / "_tmp").mkdir()                               # skipped directory
+    assert [p.name for p in table_files(ds_dir, "ledger")] == ["part-10.parquet", "part-9.parquet"]
+    assert read_table(ds_dir, "ledger").equals(ledger)
+    assert read_dataset(ds_dir).files["ledger"] == [d / "part-10.parquet", d / "part-9.parquet"]
+
+
+def test_single_name_parquet_may_be_a_directory(ds_dir):
+    ledger = _tables()[0]
+    (ds_dir / "ledger.parquet").unlink()
+    _write(ds_dir / "ledger.parquet" / "part-00000.parquet", ledger.slice(0, 1))
+    _write(ds_dir / "ledger.parquet" / "part-00001.parquet", ledger.slice(1))
+    (ds_dir / "ledger.parquet" / "_SUCCESS").write_bytes(b"")
+    assert read_table(ds_dir, "ledger").equals(ledger)
+
+
+def test_empty_directory_is_an_empty_table(ds_dir):
+    (ds_dir / "tokens.parquet").unlink()
+    (ds_dir / "tokens").mkdir()
+    (ds_dir / "tokens" / ".keep").write_bytes(b"")
+    out = read_table(ds_dir, "tokens")
+    assert out.num_rows == 0 and out.schema == TOKENS_SCHEMA
+    assert list(iter_table_batches(ds_dir, "tokens")) == []
+    assert not dataset_has_logprobs(ds_dir)
+
+
+def test_subdirectory_in_table_directory(ds_dir):
+    (ds_dir / "ledger.parquet").unlink()
+    _write(ds_dir / "ledger" / "a.parquet", _tables()[0])
+    (ds_dir / "ledger" / "date=2024").mkdir()
+    msg = _err(read_table, ds_dir, "ledger")
+    assert msg.startswith("ledger: unexpected subdirectory 'date=2024'")
+    assert msg.endswith(f"(directory {ds_dir / 'ledger'})")
+
+
+def test_non_parquet_file(ds_dir):
+    (ds_dir / "ledger.parquet").unlink()
+    _write(ds_dir / "ledger" / "a.parquet", _tables()[0])
+    (ds_dir / "ledger" / "b.json").write_text('{"not": "parquet"}')
+    msg = _err(read_table, ds_dir, "ledger")
+    assert msg.startswith("ledger: unreadable Parquet file: ")
+    assert msg.endswith(f"(file {ds_dir / 'ledger' / 'b.json'})")
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.0, 0.9])
+def test_truncated_parquet_file(ds_dir, keep):
+    path = ds_dir / "tokens.parquet"
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    msg = _err(read_dataset, ds_dir)
+    assert msg.startswith("tokens: unreadable Parquet file: ") and msg.endswith(f"(file {path})")
+
+
+def test_corrupt_data_pages_after_good_footer(tmp_path):
+    ledger = tables_from_pylists(_ledger_rows(200), [], [])[0]
+    path = tmp_path / "ledger.parquet"
+    pq.write_table(ledger, path, compression="zstd")
+    data = bytearray(path.read_bytes())
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    for i in range(4, footer_start, 7):  # scribble over every page, keep the footer intact
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    assert check_schema("ledger", pq.read_schema(path), path)  # footer still fine
+    msg = _err(read_table, tmp_path, "ledger")
+    assert msg.startswith("ledger: unreadable Parquet file: ") and msg.endswith(f"(file {path})")
+    msg = _err(lambda: list(iter_table_batches(tmp_path, "ledger")))
+    assert msg.endswith(f"(file {path})")
+
+
+def test_all_schemas_checked_before_data(ds_dir, monkeypatch):
+    (ds_dir / "ledger.parquet").unlink()
+    good, bad = _tables()[0], _replace_column(_tables()[0], "call_id", pa.array([1, 2, 3, 4]))
+    _write(ds_dir / "ledger" / "a.parquet", good)
+    _write(ds_dir / "ledger" / "b.parquet", bad)
+    read_calls = []
+    monkeypatch.setattr(dsmod, "_read_file", lambda *a: read_calls.append(a))
+    msg = _err(read_dataset, ds_dir)
+    assert "column 'call_id' has type int64" in msg and read_calls == []
+    gen = iter_table_batches(ds_dir, "ledger")
+    assert "b.parquet" in _err(next, gen)  # fails before yielding a.parquet's batches
+
+
+# ----------------------------------------------------------------------------- types
+
+def _ledger(**replace):
+    t = _tables()[0]
+    for name, arr in replace.items():
+        t = _replace_column(t, name, arr)
+    return t
+
+
+WRONG_TYPES = [
+    ("ledger", "delta_len", pa.array(["3", "2", "3", "2"]), "string", "an integer type"),
+    ("ledger", "prev_len", pa.array([0.0, 3.0, 0.0, 3.0]), "double", "an integer type"),
+    ("ledger", "gen_len", pa.array([True, True, True, True]), "bool", "an integer type"),
+    ("ledger", "chain_hash", pa.array([1, 2, 3, 4], pa.int64()), "int64", "uint64"),
+    ("ledger", "chain_hash", pa.array(["1", "2", "3", "4"]), "string", "uint64"),
+    ("ledger", "failed", pa.array([0, 0, 0, 0], pa.int8()), "int8", "bool"),
+    ("ledger", "rollout_id", pa.array([b"r0", b"r0", b"r1", b"r1"]), "binary",
+     "string (or large_string)"),
+    ("ledger", "parent_id", pa.array([1, 2, 3, 4]), "int64", "string (or large_string)"),
+    ("ledger", "item_keys", pa.array([[1], [2], [3], [4]], pa.list_(pa.int64())),
+     "list<int64>", "list<uint64> (or large_list)"),
+    ("ledger", "item_keys", pa.array([1, 2, 3, 4], pa.uint64()), "uint64",
+     "list<uint64> (or large_list)"),
+    ("ledger", "item_ids", pa.array(["a", "b", "c", "d"]), "string",
+     "list<string> (or large_list)"),
+    ("ledger", "item_ids", pa.array([[1], [2], [3], [4]], pa.list_(pa.int32())), "list<int32>",
+     "list<string> (or large_list)"),
+]
+
+
+@pytest.mark.parametrize("table,column,array,found,expected", WRONG_TYPES)
+def test_wrong_type_ledger(ds_dir, table, column, array, found, expected):
+    path = _write(ds_dir / "ledger.parquet", _ledger(**{column: array}))
+    msg = _err(read_dataset, ds_dir)
+    assert msg == (f"ledger: column {column!r} has type {found}, expected {expected} "
+                   f"(file {path})")
+
+
+@pytest.mark.parametrize("column,array,found,expected", [
+    ("tokens", pa.array([[1]] * 4, pa.list_(pa.int64())), "list<int64>",
+     "list<int32> (or large_list)"),
+    ("tokens", pa.array([[1]] * 4, pa.list_(pa.uint32())), "list<uint32>",
+     "list<int32> (or large_list)"),
+    ("tokens", pa.array([[1]] * 4, pa.list_view(pa.int32())), "list_view<int32>",
+     "list<int32> (or large_list)"),
+    ("tokens", pa.array([[1]] * 4, pa.list_(pa.int32(), 1)), "fixed_size_list<int32>[1]",
+     "list<int32> (or large_list)"),
+    ("logprobs", pa.array([[1.0]] * 4, pa.list_(pa.float64())), "list<double>",
+     "list<float> (or large_list)"),
+    ("call_id", pa.array([1, 2, 3, 4]), "int64", "string (or large_string)"),
+])
+def test_wrong_type_tokens(ds_dir, column, array, found, expected):
+    path = _write(ds_dir / "tokens.parquet", _replace_column(_tables()[1], column, array))
+    msg = _err(read_table, ds_dir, "tokens")
+    assert msg == (f"tokens: column {column!r} has type {found}, expected {expected} "
+                   f"(file {path})")
+
+
+@pytest.mark.parametrize("column,array,found,expected", [
+    ("reward", pa.array([1.0, 2.0], pa.float32()), "float", "double"),
+    ("reward", pa.array([1, 2]), "int64", "double"),
+    ("output_keys", pa.array([[1], [2]], pa.list_(pa.int64())), "list<int64>",
+     "list<uint64> (or large_list)"),
+    ("output_ids", pa.array([[1], [2]], pa.list_(pa.int64())), "list<int64>",
+     "list<string> (or large_list)"),
+    ("terminal_response_id", pa.array([1, 2]), "int64", "string (or large_string)"),
+    ("accepted_response_ids", pa.array(["a", "b"]), "string", "list<string> (or large_list)"),
+])
+def test_wrong_type_rollouts(ds_dir, column, array, found, expected):
+    ro = _tables(accepted=True)[2]
+    path = _write(ds_dir / "rollouts.parquet", _replace_column(ro, column, array))
+    msg = _err(read_table, ds_dir, "rollouts")
+    assert msg == (f"rollouts: column {column!r} has type {found}, expected {expected} "
+                   f"(file {path})")
+
+
+@pytest.mark.parametrize("table,column", [
+    ("ledger", "gen_len"), ("ledger", "chain_hash"), ("ledger", "failed"),
+    ("tokens", "tokens"), ("rollouts", "output_ids"), ("rollouts", "terminal_response_id"),
+])
+def test_missing_column(ds_dir, table, column):
+    idx = {"ledger": 0, "tokens": 1, "rollouts": 2}[table]
+    path = _write(ds_dir / f"{table}.parquet", _tables()[idx].drop_columns([column]))
+    assert _err(read_dataset, ds_dir) == f"{table}: missing column {column!r} (file {path})"
+
+
+def test_duplicate_column(ds_dir):
+    t = _tables()[0]
+    t = t.append_column("call_id", t.column("call_id"))
+    path = _write(ds_dir / "ledger.parquet", t)
+    assert _err(read_dataset, ds_dir) == f"ledger: column 'call_id' appears 2 times (file {path})"
+
+
+def test_large_and_view_types_accepted_and_normalized(ds_dir):
+    ledger, tokens, rollouts = _tables(accepted=True)
+    big = ledger.cast(pa.schema([
+        ("rollout_id", pa.large_string()), ("call_id", pa.string_view()),
+        ("parent_id", pa.large_string()), ("response_id", pa.string()),
+        ("prev_len", pa.int8()), ("delta_len", pa.uint16()), ("gen_len", pa.uint64()),
+        ("chain_hash", pa.uint64()), ("item_keys", pa.large_list(pa.uint64())),
+        ("item_ids", pa.large_list(pa.large_string())), ("failed", pa.bool_()),
+    ]))
+    big = _replace_column(big, "response_id", big.column("response_id").dictionary_encode())
+    tok = tokens.cast(pa.schema([("rollout_id", pa.large_string()), ("call_id", pa.string()),
+                                 ("tokens", pa.large_list(pa.int32())),
+                                 ("logprobs", pa.large_list(pa.float32()))]))
+    ro = rollouts.cast(pa.schema([
+        ("rollout_id", pa.string()), ("group_id", pa.large_string()), ("reward", pa.float64()),
+        ("output_keys", pa.large_list(pa.uint64())),
+        ("output_ids", pa.list_(pa.string_view())),
+        ("terminal_response_id", pa.large_string()),
+        ("accepted_response_ids", pa.large_list(pa.string()))]))
+    for name, t in (("ledger", big), ("tokens", tok), ("rollouts", ro)):
+        _write(ds_dir / f"{name}.parquet", t)
+    d = read_dataset(ds_dir)
+    assert d.ledger.schema == LEDGER_SCHEMA and d.ledger.equals(ledger)
+    assert d.tokens.equals(tokens) and d.rollouts.equals(rollouts)
+
+
+def test_files_of_one_table_may_differ_in_schema(ds_dir):
+    ledger = _tables()[0]
+    (ds_dir / "ledger.parquet").unlink()
+    _write(ds_dir / "ledger" / "a.parquet", ledger.slice(0, 2))
+    other = ledger.slice(2).cast(ledger.schema.set(4, pa.field("prev_len", pa.int32()))
+                                 .set(8, pa.field("item_keys", pa.large_list(pa.uint64()))))
+    _write(ds_dir / "ledger" / "b.parquet", other.select(list(reversed(other.column_names))))
+    out = read_table(ds_dir, "ledger")
+    assert out.schema == LEDGER_SCHEMA and out.equals(ledger)
+
+
+def test_uint64_above_int64_range(ds_dir):
+    vals = pa.array([3, 2, 3, 2**63], pa.uint64())
+    path = _write(ds_dir / "ledger.parquet", _ledger(delta_len=vals))
+    assert _err(read_dataset, ds_dir) == (
+        f"ledger: column 'delta_len' has a value above the int64 range at row 3 (0-based) "
+        f"(file {path})")
+
+
+def test_all_null_typed_column(ds_dir):
+    path = _write(ds_dir / "ledger.parquet", _ledger(parent_id=pa.nulls(4)))
+    out = read_table(ds_dir, "ledger")
+    assert out.schema == LEDGER_SCHEMA and out.column("parent_id").null_count == 4
+    _write(ds_dir / "ledger.parquet", _ledger(call_id=pa.nulls(4)))
+    assert _err(read_table, ds_dir, "ledger") == (
+        f"ledger: column 'call_id' has a null value; the column is not nullable: first at row 0 "
+        f"(0-based, rollout 'r0') (file {path})")
+
+
+# ----------------------------------------------------------------------------- nulls
+
+NON_NULLABLE = [
+    ("ledger", c) for c in ("rollout_id", "call_id", "response_id", "prev_len", "delta_len",
+                            "gen_len", "chain_hash", "failed")
+] + [("tokens", "rollout_id"), ("tokens", "call_id"), ("rollouts", "rollout_id")]
+
+
+@pytest.mark.parametrize("table,column", NON_NULLABLE)
+def test_null_in_non_nullable_column(ds_dir, table, column):
+    idx = {"ledger": 0, "tokens": 1, "rollouts": 2}[table]
+    t = _tables()[idx]
+    col = t.column(column).to_pylist()
+    col[1] = None
+    path = _write(ds_dir / f"{table}.parquet",
+                  _replace_column(t, column, pa.array(col, t.schema.field(column).type)))
+    msg = _err(read_dataset, ds_dir)
+    rollout = "" if column == "rollout_id" else ", rollout 'r0'"
+    assert msg == (f"{table}: column {column!r} has a null value; the column is not nullable: "
+                   f"first at row 1 (0-based{rollout}) (file {path})")
+    err = pytest.raises(InputError, read_dataset, ds_dir).value
+    assert (err.table, err.column, err.row, err.file) == (table, column, 1, str(path))
+
+
+@pytest.mark.parametrize("table,column,item_type", [
+    ("ledger", "item_keys", pa.uint64()), ("rollouts", "output_keys", pa.uint64()),
+    ("tokens", "tokens", pa.int32()), ("tokens", "logprobs", pa.float32()),
+])
+def test_null_entry_inside_list(ds_dir, table, column, item_type):
+    idx = {"ledger": 0, "tokens": 1, "rollouts": 2}[table]
+    t = _tables()[idx]
+    col = t.column(column).to_pylist()
+    col[1] = [*col[1], None]
+    path = _write(ds_dir / f"{table}.parquet",
+                  _replace_column(t, column, pa.array(col, pa.list_(item_type))))
+    rollout = "r1" if table == "rollouts" else "r0"
+    assert _err(read_dataset, ds_dir) == (
+        f"{table}: column {column!r} has a list with a null entry; entries may not be null: "
+        f"first at row 1 (0-based, rollout {rollout!r}) (file {path})")
+
+
+def test_null_entries_allowed_in_id_lists(ds_dir):
+    ro = _tables(accepted=True)[2]
+    ro = _replace_column(ro, "accepted_response_ids", pa.array([[None, "x"], None],
+                                                                pa.list_(pa.string())))
+    _write(ds_dir / "rollouts.parquet", ro)
+    assert read_table(ds_dir, "rollouts").equals(ro)  # output_ids already hold null entries
+
+
+def test_null_lists_accepted(ds_dir):
+    ledger, tokens, rollouts = _tables(accepted=True)
+    ledger = _ledger(item_keys=pa.array([None, [1], None, [2]], pa.list_(pa.uint64())),
+                     item_ids=pa.array([None] * 4, pa.list_(pa.string())),
+                     parent_id=pa.array([None] * 4, pa.string()))
+    tokens = _replace_column(tokens, "tokens", pa.array([None, [1]] * 2, pa.list_(pa.int32())))
+    tokens = _replace_column(tokens, "logprobs", pa.array([None, [0.0]] * 2,
+                                                          pa.list_(pa.float32())))
+    rollouts = rollouts.set_column(3, "output_keys", pa.array([None, []], pa.list_(pa.uint64())))
+    for c in ("group_id", "reward", "terminal_response_id"):
+        i = rollouts.schema.get_field_index(c)
+        rollouts = rollouts.set_column(i, rollouts.field(i), pa.nulls(2, rollouts.field(i).type))
+    rollouts = _replace_column(rollouts, "output_ids", pa.nulls(2, pa.list_(pa.string())))
+    rollouts = _replace_column(rollouts, "accepted_response_ids",
+                               pa.nulls(2, pa.list_(pa.string())))
+    write_dataset(ds_dir, ledger, tokens, rollouts)
+    d = read_dataset(ds_dir)
+    # SPEC §2: null item_keys / output_keys / tokens read as empty lists ...
+    assert d.ledger.column("item_keys").to_pylist() == [[], [1], [], [2]]
+    assert d.ledger.column("item_keys").null_count == 0
+    assert d.tokens.column("tokens").to_pylist() == [[], [1], [], [1]]
+    assert d.rollouts.column("output_keys").to_pylist() == [[], []]
+    # ... id lists, logprobs and accepted ids keep their null (it has a meaning of its own)
+    assert d.ledger.column("item_ids").null_count == 4
+    assert d.tokens.column("logprobs").null_count == 2
+    assert d.rollouts.column("output_ids").null_count == 2
+    assert d.rollouts.column("accepted_response_ids").null_count == 2
+
+
+# ----------------------------------------------------------------------------- optional columns
+
+def test_logprobs_in_some_files_only(ds_dir):
+    tokens = _tables()[1]
+    (ds_dir / "tokens.parquet").unlink()
+    _write(ds_dir / "tokens" / "a.parquet", tokens.slice(0, 2))
+    b = _write(ds_dir / "tokens" / "b.parquet", tokens.slice(2).drop_columns(["logprobs"]))
+    msg = _err(read_dataset, ds_dir)
+    assert msg == ("tokens: optional column 'logprobs' is present in some files of the table "
+                   f"but missing in this one (file {b})")
+    assert read_table(ds_dir, "tokens", columns=["call_id"]).num_rows == 4  # not asked: fine
+
+
+def test_accepted_ids_in_some_files_only_filled_with_null(ds_dir):
+    ro = _tables(accepted=True)[2]
+    (ds_dir / "rollouts.parquet").unlink()
+    _write(ds_dir / "rollouts" / "a.parquet", ro.slice(0, 1).drop_columns(["accepted_response_ids"]))
+    _write(ds_dir / "rollouts" / "b.parquet", ro.slice(1))
+    out = read_table(ds_dir, "rollouts")
+    assert out.column("accepted_response_ids").to_pylist() == [None, ["resp1", "resp2"]]
+    assert out.schema == ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD)
+
+
+# ----------------------------------------------------------------------------- batches
+
+def test_iter_table_batches_order_types_and_row_numbers(ds_dir):
+    ledger = tables_from_pylists(_ledger_rows(5), [], [])[0]  # 10 rows
+    (ds_dir / "ledger.parquet").unlink()
+    _write(ds_dir / "ledger" / "1.parquet", ledger.slice(0, 7).cast(
+        ledger.schema.set(1, pa.field("call_id", pa.large_string()))))
+    _write(ds_dir / "ledger" / "2.parquet", ledger.slice(7))
+    batches = list(iter_table_batches(ds_dir, "ledger", batch_rows=3))
+    assert [b.num_rows for b in batches] == [3, 3, 1, 3]  # never spans files
+    assert all(b.schema == LEDGER_SCHEMA for b in batches)
+    assert pa.Table.from_batches(batches).equals(ledger)
+    cols = list(iter_table_batches(ds_dir, "ledger", columns=["chain_hash"], batch_rows=4))
+    assert cols[0].schema.names == ["chain_hash"]
+    # a null in file 1 at row 5 (second batch) is reported with its row in the file
+    bad = ledger.slice(0, 7).to_pylist()
+    bad[5]["gen_len"] = None
+    path = _write(ds_dir / "ledger" / "1.parquet", pa.Table.from_pylist(bad, LEDGER_SCHEMA))
+    msg = _err(lambda: list(iter_table_batches(ds_dir, "ledger", batch_rows=3)))
+    assert msg == ("ledger: column 'gen_len' has a null value; the column is not nullable: "
+                   f"first at row 5 (0-based, rollout 'r2') (file {path})")
+
+
+def test_null_entry_row_number_in_later_chunk(ds_dir):
+    # several row groups -> several chunks per column; the row index must count them all
+    ledger = tables_from_pylists(_ledger_rows(50), [], [])[0]
+    rows = ledger.to_pylist()
+    rows[77]["item_keys"] = [1, None]
+    path = ds_dir / "ledger.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, LEDGER_SCHEMA), path, row_group_size=10)
+    assert "first at row 77 (0-based, rollout 'r38')" in _err(read_table, ds_dir, "ledger")
+
+
+def test_large_offset_fallback_keeps_large_types(ds_dir, monkeypatch):
+    tokens = _tables()[1]
+    (ds_dir / "tokens.parquet").unlink()
+    _write(ds_dir / "tokens" / "a.parquet", tokens.slice(0, 2))
+    _write(ds_dir / "tokens" / "b.parquet", tokens.slice(2).cast(
+        tokens.schema.set(2, pa.field("tokens", pa.large_list(pa.int32())))))
+    real = dsmod._narrow_cast
+
+    def narrow(col, target):  # pretend file b's large_list is beyond 32-bit offsets
+        if pa.types.is_large_list(col.type):
+            raise pa.ArrowInvalid("Array of type large_list<item: int32> too large to convert")
+        return real(col, target)
+
+    monkeypatch.setattr(dsmod, "_narrow_cast", narrow)
+    out = read_table(ds_dir, "tokens")
+    assert out.schema.field("tokens").type == pa.large_list(pa.int32())
+    assert out.schema.field("logprobs").type == pa.list_(pa.float32())
+    assert out.column("tokens").to_pylist() == tokens.column("tokens").to_pylist()
+    types = [b.schema.field("tokens").type for b in iter_table_batches(ds_dir, "tokens")]
+    assert types == [pa.list_(pa.int32()), pa.large_list(pa.int32())]
+
+
+def test_plan_and_check_schema_return_present_columns(ds_dir):
+    present = check_schema("tokens", pq.read_schema(ds_dir / "tokens.parquet"), "f")
+    assert present == ["rollout_id", "call_id", "tokens", "logprobs"]
+    plan = plan_table(ds_dir, "rollouts")
+    assert plan.columns == ROLLOUTS_SCHEMA.names and plan.schema == ROLLOUTS_SCHEMA
+
+
+def test_input_error_is_one_line_with_attributes():
+    err = InputError("bad\nthing  here", table="t", file="/x", column="c", row=3)
+    assert str(err) == "t: bad thing here (file /x)"
+    assert (err.table, err.file, err.column, err.row) == ("t", "/x", "c", 3)
+    assert str(InputError("gone", table="t", directory="/d\n")) == "t: gone (directory /d)"
+    assert str(InputError("plain")) == "plain"
+
+
+# ----------------------------------------------------------------------------- writing
+
+def _rows_table(n=5, with_logprobs=True):
+    schema = rows_schema(with_logprobs)
+    data = {
+        "row_id": [f"r{i}_s0" for i in range(n)], "rollout_id": [f"r{i}" for i in range(n)],
+        "group_id": ["g"] * n, "segment": [0] * n, "num_segments": [1] * n,
+        "input_ids": [[1, 2, 3]] * n, "loss_mask": [[0, 1, 1]] * n,
+        "logprobs": [[0.0, -1.0, -2.0]] * n, "prompt_len": [1] * n, "call_ids": [["c1"]] * n,
+        "reward": [1.0] * n, "advantage": [0.0] * n, "weight": [1.0] * n,
+    }
+    return pa.Table.from_pydict({k: data[k] for k in schema.names}, schema=schema)
+
+
+def _report_table(n=5):
+    data = {"rollout_id": [f"r{i}" for i in range(n)], "group_id": ["g"] * n,
+            "status": ["ok"] * n, "reason": [None] * n, "detail": [None] * n,
+            "num_rows": [1] * n, "num_calls": [2] * n, "num_selected": [2] * n,
+            "num_roots": [1] * n, "loss_tokens": [2] * n, "reward": [1.0] * n,
+            "advantage": [0.0] * n}
+    return pa.Table.from_pydict(data, schema=REPORT_SCHEMA)
+
+
+def _entries(path: Path) -> list[str]:
+    return sorted(os.listdir(path))
+
+
+def test_atomic_output_single_files(tmp_path):
+    out = tmp_path / "out"
+    rows, report = _rows_table(), _report_table()
+    with AtomicOutput(out) as o:
+        o.write_table("rows", rows)
+        o.write_table("report", report)
+        assert _entries(out) == [o.tmp_dir.name]  # nothing visible before commit
+        assert o.tmp_dir.name.startswith(".chainrows-tmp-")
+    assert o.committed
+    assert _entries(out) == ["report.parquet", "rows.parquet"]
+    assert pq.read_table(out / "rows.parquet").equals(rows)
+    assert pads.dataset(out / "rows.parquet").to_table().equals(rows)
+    assert pads.dataset(out / "report.parquet").to_table().equals(report)
+
+
+def test_atomic_output_parts_and_streaming(tmp_path):
+    out = tmp_path / "out"
+    rows = _rows_table(30)
+    with AtomicOutput(out) as o:
+        paths = [o.write_part("rows", rows.slice(i, 10)) for i in (0, 10, 20)]
+        with o.part_writer("report", REPORT_SCHEMA) as w:
+            for i in range(0, 30, 7):
+                w.write(_report_table(30).slice(i, 7).to_batches()[0])
+    assert [p.name for p in paths] == [f"part-{i:08d}.parquet" for i in range(3)]
+    assert _entries(out) == ["report.parquet", "rows"]
+    assert _entries(out / "rows") == [p.name for p in paths]
+    assert pads.dataset(out / "rows").to_table().equals(rows)  # lexicographic = write order
+    assert pq.read_table(out / "report.parquet").equals(_report_table(30))
+    assert pq.ParquetFile(out / "report.parquet").metadata.num_row_groups == 1  # buffered
+
+
+def test_read_back_with_chainrows_reader_semantics(tmp_path):
+    """Outputs follow the same layout rules as inputs: readable by table_files."""
+    out = tmp_path / "out"
+    with AtomicOutput(out) as o:
+        o.write_part("rows", _rows_table(3))
+        o.write_part("rows", _rows_table(2))
+        o.write_table("report", _report_table())
+    assert len(table_files(out, "rows")) == 2 and table_files(out, "report")
+
+
+def test_reserve_file_for_callers_own_writer(tmp_path):
+    out = tmp_path / "out"
+    with AtomicOutput(out) as o:
+        path = o.reserve_file("rows")
+        assert path == o.tmp_dir / "rows.parquet"
+        pq.write_table(_rows_table(), path)
+        o.write_table("report", _report_table())
+        with pytest.raises(ValueError, match="already written as a single file"):
+            o.reserve_file("rows")
+    assert pq.read_table(out / "rows.parquet").equals(_rows_table())
+
+
+def test_write_dataset_atomic_replaces_and_reads_back(tmp_path):
+    root = tmp_path / "ds"
+    _write(root / "tokens" / "part-0.parquet", _tables()[1])  # an older directory form
+    (root / "notes.txt").parent.mkdir(exist_ok=True)
+    (root / "notes.txt").write_text("kept")
+    write_dataset_atomic(root, *_tables(accepted=True))
+    assert _entries(root) == ["ledger.parquet", "notes.txt", "rollouts.parquet", "tokens.parquet"]
+    d = read_dataset(root)
+    assert d.ledger.equals(_tables()[0]) and d.has_accepted
+
+
+def test_writer_options_applied(tmp_path):
+    out = tmp_path / "out"
+    with AtomicOutput(out) as o:
+        o.write_table("rows", _rows_table())
+        o.write_table("report", _report_table())
+    meta = pq.ParquetFile(out / "rows.parquet").metadata
+    cols = {meta.schema.column(i).path: meta.row_group(0).column(i) for i in range(meta.num_columns)}
+    assert all(c.compression == "ZSTD" for c in cols.values())
+    assert "RLE_DICTIONARY" in cols["group_id"].encodings
+    assert "RLE_DICTIONARY" not in cols["input_ids.list.element"].encodings
+    assert "RLE_DICTIONARY" not in cols["logprobs.list.element"].encodings
+    assert WRITE_OPTIONS["compression"] == "zstd"
+
+
+def test_exception_leaves_nothing_and_keeps_previous_outputs(tmp_path):
+    out = tmp_path / "out"
+    with AtomicOutput(out) as o:
+        o.write_table("rows", _rows_table(2))
+        o.write_table("report", _report_table(2))
+    (out / "keep.txt").write_text("user file")
+    before = {n: (out / n).read_bytes() for n in ("rows.parquet", "report.parquet")}
+    for exc in (RuntimeError("boom"), KeyboardInterrupt()):
+        with pytest.raises(type(exc)):
+            with AtomicOutput(out) as o:
+                o.write_table("rows", _rows_table(7))
+                w = o.part_writer("report", REPORT_SCHEMA)
+                w.write(_report_table(7))
+                raise exc
+        assert _entries(out) == ["keep.txt", "report.parquet", "rows.parquet"]
+        assert {n: (out / n).read_bytes() for n in before} == before
+
+
+def test_missing_output_fails_without_touching_previous(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.parquet").write_bytes(b"old")
+    with pytest.raises(RuntimeError, match=r"\['report'\] were never written"):
+        with AtomicOutput(out) as o:
+            o.write_table("rows", _rows_table())
+    assert _entries(out) == ["report.parquet"]
+    assert (out / "report.parquet").read_bytes() == b"old"
+
+
+def test_commit_replaces_both_forms(tmp_path):
+    out = tmp_path / "out"
+    with AtomicOutput(out) as o:
+        o.write_part("rows", _rows_table(2))
+        o.write_part("report", _report_table(2))
+    assert _entries(out) == ["report", "rows"]
+    with AtomicOutput(out) as o:
+        o.write_table("rows", _rows_table(4))
+        o.write_table("report", _report_table(4))
+    assert _entries(out) == ["report.parquet", "rows.parquet"]
+    assert pq.read_table(out / "rows.parquet").num_rows == 4
+
+
+def test_commit_failure_restores_previous_outputs(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    with AtomicOutput(out) as o:
+        o.write_table("rows", _rows_table(2))
+        o.write_table("report", _report_table(2))
+    before = {n: (out / n).read_bytes() for n in ("rows.parquet", "report.parquet")}
+    real, failed = os.replace, []
+
+    def flaky(src, dst):  # placing the new report fails (once)
+        if Path(dst) == out / "report.parquet" and Path(src).parent.name != ".old" \
+                and not failed:
+            failed.append(src)
+            raise OSError("disk full")
+        return real(src, dst)
+
+    monkeypatch.setattr(wmod.os, "replace", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        with AtomicOutput(out) as o:
+            o.write_table("rows", _rows_table(9))
+            o.write_table("report", _report_table(9))
+    assert _entries(out) == ["report.parquet", "rows.parquet"]
+    assert {n: (out / n).read_bytes() for n in before} == before
+
+
+def test_output_misuse(tmp_path):
+    with AtomicOutput(tmp_path / "o") as o:
+        o.write_table("rows", _rows_table())
+        with pytest.raises(ValueError, match="already written as a single file"):
+            o.write_part("rows", _rows_table())
+        o.write_part("report", _report_table())
+        with pytest.raises(ValueError, match="already written as part files"):
+            o.write_table("report", _report_table())
+        with pytest.raises(ValueError, match="unknown output"):
+            o.write_table("other", _report_table())
+    with pytest.raises(RuntimeError, match="not open"):
+        AtomicOutput(tmp_path / "p").write_table("rows", _rows_table())
+
+
+_KILLED_CHILD = """
+import os, signal, sys
+from chainrows.io.write import AtomicOutput
+o = AtomicOutput(sys.argv[1]).__enter__()
+o.write_table("rows", __import__("pyarrow").table({"x": [1]}))
+print(o.tmp_dir, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_stale_temp_dir_from_killed_run_is_cleaned(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", _KILLED_CHILD, str(out)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    stale = Path(proc.stdout.strip())
+    assert stale.is_dir() and stale.parent == out
+    with AtomicOutput(out) as live:  # a live run's dir is never taken for stale
+        assert not stale.exists()
+        assert clean_stale_temp_dirs(out) == [] and live.tmp_dir.is_dir()
+        live.write_table("rows", _rows_table())
+        live.write_table("report", _report_table())
+    assert _entries(out) == ["report.parquet", "rows.parquet"]
+
+
+def test_stale_temp_dir_without_lock_file_cleaned_by_age(tmp_path):
+    old, young = tmp_path / ".chainrows-tmp-1-old", tmp_path / ".chainrows-tmp-2-young"
+    old.mkdir()
+    young.mkdir()
+    (old / "rows.parquet").write_bytes(b"partial")
+    past = time.time() - wmod.STALE_AGE_S - 10
+    os.utime(old, (past, past))
+    assert clean_stale_temp_dirs(tmp_path) == [old]
+    assert young.exists() and not old.exists()
+
+
+def test_part_writer_standalone(tmp_path):
+    rows = _rows_table(10, with_logprobs=False)
+    with PartWriter(tmp_path / "x.parquet", rows.schema) as w:
+        w.write(rows.slice(0, 4))
+        w.write(rows.slice(4).select(list(reversed(rows.column_names))))  # by name
+        w.write(rows.slice(0, 0))
+    assert w.rows == 10 and pq.read_table(tmp_path / "x.parquet").equals(rows)
+
+
+def test_output_loads_with_hugging_face_datasets(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    out = tmp_path / "out"
+    with AtomicOutput(out) as o:
+        o.write_part("rows", _rows_table(3))
+        o.write_part("rows", _rows_table(2))
+        o.write_table("report", _report_table())
+    hf = datasets.load_dataset("parquet", data_files=str(out / "rows" / "*.parquet"),
+                               split="train")
+    assert hf.num_rows == 5 and hf[0]["input_ids"] == [1, 2, 3]
