@@ -598,7 +598,7 @@ def test_input_error_is_one_line_with_attributes():
     err = InputError("bad\nthing  here", table="t", file="/x", column="c", row=3)
     assert str(err) == "t: bad thing here (file /x)"
     assert (err.table, err.file, err.column, err.row) == ("t", "/x", "c", 3)
-    assert str(InputError("gone", table="t", directory="/d\n")) == "t: gone (directory /d)"
+    assert str(InputError("gone", table="t", directory="/a\nb")) == "t: gone (directory /a b)"
     assert str(InputError("plain")) == "plain"
 
 

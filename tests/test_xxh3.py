@@ -47,15 +47,14 @@ def check_many(tokens, starts, stops, seeds):
     got = hash_deltas(tokens, starts, stops, seeds_u)
     assert got.dtype == np.uint64 and got.shape == starts.shape
     data = memoryview(tokens.astype("<i4", copy=False).tobytes())
-    want = [
-        xxhash.xxh3_64_intdigest(data[4 * a : 4 * b], int(s)) for a, b, s in zip(starts.tolist(), stops.tolist(), seeds)
-    ]
-    bad = [
-        (int(a), int(b) - int(a), int(s), int(g), w)
-        for a, b, s, g, w in zip(starts, stops, seeds, got, want)
-        if int(g) != w
-    ]
-    assert not bad, f"{len(bad)} mismatches of {len(want)}, first (start, n, seed, got, want): {bad[:5]}"
+    digest = xxhash.xxh3_64_intdigest
+    want = np.array(
+        [digest(data[4 * a : 4 * b], s) for a, b, s in zip(starts.tolist(), stops.tolist(), seeds_u.tolist())],
+        dtype=np.uint64,
+    )
+    bad = np.flatnonzero(got != want)
+    first = [(int(starts[i]), int(stops[i] - starts[i]), int(seeds_u[i]), int(got[i]), int(want[i])) for i in bad[:5]]
+    assert bad.size == 0, f"{bad.size} mismatches of {want.size}, first (start, n, seed, got, want): {first}"
 
 
 def grid(lengths, seeds=SEEDS, offsets=OFFSETS):
