@@ -2,6 +2,9 @@
 
 Nothing here is a benchmark (asv only collects ``time_``/``track_``/``mem_``/``peakmem_`` names).
 
+Environment: ``CHAINROWS_BENCH_CACHE`` (data cache directory), ``CHAINROWS_BENCH_DATA_KEY`` (pin
+the data across synth.py versions), ``CHAINROWS_BENCH_VERBOSE=1`` (print which chainrows is used).
+
 Synthetic data comes from ``chainrows.synth``. Generating it is slow compared with the engine
 (a few seconds for 4,096 rollouts), so ``synth_dataset_dir`` writes each (rollouts, seed) dataset
 to Parquet once, under ``$CHAINROWS_BENCH_CACHE`` (default: ``<tmp>/chainrows-bench-cache``), keyed
@@ -26,6 +29,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 TABLES = ("ledger", "tokens", "rollouts")
+
+if os.environ.get("CHAINROWS_BENCH_VERBOSE"):  # e.g. to check which checkout asv benchmarks
+    import chainrows as _cr
+
+    print(f"[chainrows-bench] chainrows from {os.path.dirname(os.path.abspath(_cr.__file__))}", file=sys.stderr)
 TINY_ROLLOUTS = 8  # the compile / start-up probes run a reassemble on this many rollouts
 
 
@@ -44,6 +52,11 @@ def chainrows_root() -> str:
 
 
 def _synth_version() -> str:
+    """Cache key of the synthetic data: a hash of the synth.py in use, or $CHAINROWS_BENCH_DATA_KEY
+    (set it to benchmark two commits whose synth.py differ on the very same data)."""
+    pinned = os.environ.get("CHAINROWS_BENCH_DATA_KEY")
+    if pinned:
+        return pinned
     import chainrows.synth as synth
 
     try:
@@ -138,7 +151,7 @@ def warm_engine(mode: str = "cc") -> None:
 
 _PROBE = r"""
 import json, sys, time
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import chainrows
 t1 = time.perf_counter()
 import pyarrow.parquet as pq
@@ -146,24 +159,29 @@ d = sys.argv[1]
 tables = [pq.read_table(f"{d}/{n}.parquet") for n in ("ledger", "tokens", "rollouts")]
 t2 = time.perf_counter()
 res = chainrows.reassemble(*tables)
-t3 = time.perf_counter()
+t3, c3 = time.perf_counter(), time.process_time()
 print(json.dumps({"import_s": t1 - t0, "reassemble_s": t3 - t2, "total_s": (t1 - t0) + (t3 - t2),
-                  "rows": res.rows.num_rows}))
+                  "cpu_s": c3 - c0, "rows": res.rows.num_rows}))
 """
 
 
-def probe_env(cache_dir) -> dict:
+def probe_env(cache_dir=None) -> dict:
+    """The environment of a probe child: chainrows importable; Numba's cache in ``cache_dir``
+    (None: whatever the parent uses, i.e. NUMBA_CACHE_DIR if set, else the in-tree cache)."""
     env = dict(os.environ)
-    env["NUMBA_CACHE_DIR"] = str(cache_dir)
+    if cache_dir is not None:
+        env["NUMBA_CACHE_DIR"] = str(cache_dir)
     root = chainrows_root()
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
-def start_probe(cache_dir, timeout: float = 900) -> dict:
+def start_probe(cache_dir=None, timeout: float = 900) -> dict:
     """A fresh interpreter imports chainrows and reassembles a tiny dataset, with Numba's cache in
     ``cache_dir``: an empty directory gives the cold compile time, a second run the cached start.
-    Returns import_s, reassemble_s, total_s (both) and wall_s (whole process)."""
+    Returns import_s, reassemble_s, total_s (both), cpu_s (CPU seconds of the child up to then,
+    reading its 8-rollout input included; less sensitive to a busy machine than wall time) and
+    wall_s (the whole child process, interpreter start-up included)."""
     data = synth_dataset_dir(TINY_ROLLOUTS, 0)
     t = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", _PROBE, str(data)], env=probe_env(cache_dir),
@@ -190,7 +208,7 @@ def cli_help_time(cache_dir=None, repeats: int = 3) -> float | None:
 
     if importlib.util.find_spec("chainrows.cli") is None:
         return None
-    env = probe_env(cache_dir) if cache_dir else dict(os.environ, PYTHONPATH=chainrows_root())
+    env = probe_env(cache_dir)
     best = None
     for _ in range(repeats):
         t = time.perf_counter()

@@ -28,9 +28,10 @@ Secret reads happen at odd byte offsets too (3 + 16k, 119 for the 129..240 class
 directly; those reads come from ``_K64``, a frozen table of the 64-bit little-endian word at every
 byte offset of the default secret. Long inputs with seed != 0 use XXH3_initCustomSecret(seed): the
 aligned 64-bit word w of the default secret plus the seed for even w, minus it for odd w. It is
-never materialised in memory: aligned words are ``_K8[w] +/- seed`` on the fly and the unaligned
-ones are spliced from two such words (``_secret_at``, and the vector code for the last stripe).
-With seed == 0 that is the default secret, as XXH3 requires, so one code path serves both.
+never materialised in memory: aligned words are ``_K8[w] +/- seed`` on the fly (an alternating
++seed/-seed vector added to eight words of ``_K8``), and the unaligned ones (the last stripe at byte
+121, the merge at byte 11) are spliced from two such vectors with shifts. With seed == 0 that is the
+default secret, as XXH3 requires, so one code path serves both.
 
 The 64x64->128 multiply of ``XXH3_mul128_fold64`` is written with 32-bit halves in uint64 (LLVM
 turns it into one widening multiply). Every constant is an ``np.uint64`` and so is every shift
@@ -38,7 +39,7 @@ count: a uint64 meeting an int64 becomes a float64 in Numba.
 
 Long inputs. Numba runs LLVM with the SLP vectoriser off, and the loop vectoriser cannot handle the
 lane swap of XXH3 (``acc[i ^ 1] += data``), so the stripe loop is emitted directly as LLVM IR on
-``<8 x i64>`` vectors (``_long_accumulate``): per 64-byte stripe one load, one xor with the secret,
+``<8 x i64>`` vectors (``_long_stripes``): per 64-byte stripe one load, one xor with the secret,
 one 32x32->64 multiply (pmuludq), a pair swap and two adds; the 16 stripes of a 1 KiB block are
 unrolled, then the scramble. Nothing is allocated per call.
 """
@@ -65,7 +66,12 @@ if sys.byteorder != "little":  # lanes are read from memory as little-endian 64-
 
 _U8 = np.uint64(8)
 _M32 = np.uint64(0xFFFFFFFF)
+_M16 = np.uint64(0x0000FFFF0000FFFF)
+_M8 = np.uint64(0x00FF00FF00FF00FF)
+_B0 = np.uint64(0xFF)
+_B1 = np.uint64(0xFF00)
 _S15 = np.uint64(15)
+_S16 = np.uint64(16)
 _S24 = np.uint64(24)
 _S28 = np.uint64(28)
 _S29 = np.uint64(29)
@@ -75,7 +81,6 @@ _S35 = np.uint64(35)
 _S37 = np.uint64(37)
 _S40 = np.uint64(40)
 _S49 = np.uint64(49)
-_S64 = np.uint64(64)
 
 _P32_1 = np.uint64(0x9E3779B1)
 _P32_2 = np.uint64(0x85EBCA77)
@@ -119,6 +124,10 @@ _BITFLIP_9A = np.uint64(int(_K64[24]) ^ int(_K64[32]))  # len 9..16, low lane
 _BITFLIP_9B = np.uint64(int(_K64[40]) ^ int(_K64[48]))  # len 9..16, high lane
 
 _I32P = types.CPointer(types.int32)
+
+# Helpers called with integer literals (secret offsets, token offsets) are inlined at the Numba IR
+# level: a dispatcher call would specialise (and compile, and cache) one version per literal value.
+_NO_LITERALS = dict(inline="always")
 
 # ---- raw token access ----------------------------------------------------------------------------
 
@@ -192,16 +201,6 @@ def _mul128_fold64(a, b):
 
 
 @jit
-def _xxh64_avalanche(h):
-    h ^= h >> _S33
-    h *= _P64_2
-    h ^= h >> _S29
-    h *= _P64_3
-    h ^= h >> _S32
-    return h
-
-
-@jit
 def _xxh3_avalanche(h):
     h ^= h >> _S37
     h *= _PRIME_MX1
@@ -209,64 +208,13 @@ def _xxh3_avalanche(h):
     return h
 
 
-@jit
-def _rrmbp(h, length):
-    """XXH3_rrmbp, the final mix of the 4..8-byte class (rotl 49 and rotl 24)."""
-    h ^= ((h << _S49) | (h >> _S15)) ^ ((h << _S24) | (h >> _S40))
-    h *= _PRIME_MX2
-    h ^= (h >> _S35) + length
-    h *= _PRIME_MX2
-    h ^= h >> _S28
-    return h
-
-
-@jit
-def _bswap64(x):
-    x = ((x & _M32) << _S32) | (x >> _S32)
-    m16 = np.uint64(0x0000FFFF0000FFFF)
-    x = ((x & m16) << np.uint64(16)) | ((x >> np.uint64(16)) & m16)
-    m8 = np.uint64(0x00FF00FF00FF00FF)
-    return ((x & m8) << _U8) | ((x >> _U8) & m8)
-
-
-@jit
-def _bswap32(x):
-    """Byte swap of the low 32 bits of x (the result is < 2**32)."""
-    return (
-        ((x & np.uint64(0xFF)) << _S24)
-        | ((x & np.uint64(0xFF00)) << _U8)
-        | ((x >> _U8) & np.uint64(0xFF00))
-        | ((x >> _S24) & np.uint64(0xFF))
-    )
-
-
-@jit
+@jit(**_NO_LITERALS)
 def _mix16(p, i, sec_off, seed):
     """XXH3_mix16B: tokens p[i .. i+4] against the default secret at byte sec_off, seeded."""
     o = np.uint64(sec_off)  # unsigned index: no negative-index wraparound code
     lo = _lane(p, i) ^ (_K64[o] + seed)
     hi = _lane(p, i + 2) ^ (_K64[o + _U8] - seed)
     return _mul128_fold64(lo, hi)
-
-
-@jit
-def _custom_word(w, seed):
-    """Aligned 64-bit word w of XXH3_initCustomSecret(seed) (the default secret when seed == 0)."""
-    if w & 1:
-        return _K8[w] - seed
-    return _K8[w] + seed
-
-
-@jit
-def _secret_at(o, seed):
-    """readLE64(customSecret(seed) + o) for a byte offset o in 0..184."""
-    w = o >> 3
-    r = o & 7
-    lo = _custom_word(w, seed)
-    if r == 0:
-        return lo
-    sh = np.uint64(8 * r)
-    return (lo >> sh) | (_custom_word(w + 1, seed) << (_S64 - sh))
 
 
 # ---- length classes ------------------------------------------------------------------------------
@@ -276,29 +224,38 @@ def _secret_at(o, seed):
 def _hash_short(p, n, seed):
     """n <= 60 tokens (0..240 bytes): XXH3_len_0to16, XXH3_len_17to128, XXH3_len_129to240."""
     length = np.uint64(4 * n)
-    if n == 0:
-        return _xxh64_avalanche(seed ^ _BITFLIP_0)
+    if n == 0:  # XXH64_avalanche(seed ^ secret words at 56 and 64)
+        h = seed ^ _BITFLIP_0
+        h ^= h >> _S33
+        h *= _P64_2
+        h ^= h >> _S29
+        h *= _P64_3
+        return h ^ (h >> _S32)
     if n <= 2:  # 4..8 bytes
-        seed2 = seed ^ (_bswap32(seed) << _S32)
-        keyed = (_u32(p, n - 1) + (_u32(p, 0) << _S32)) ^ (_BITFLIP_4 - seed2)
-        return _rrmbp(keyed, length)
+        # seed ^= (u64)swap32((u32)seed) << 32
+        sw = ((seed & _B0) << _S24) | ((seed & _B1) << _U8) | ((seed >> _U8) & _B1) | ((seed >> _S24) & _B0)
+        seed2 = seed ^ (sw << _S32)
+        h = (_u32(p, n - 1) + (_u32(p, 0) << _S32)) ^ (_BITFLIP_4 - seed2)
+        # XXH3_rrmbp(h, len)
+        h ^= ((h << _S49) | (h >> _S15)) ^ ((h << _S24) | (h >> _S40))
+        h *= _PRIME_MX2
+        h ^= (h >> _S35) + length
+        h *= _PRIME_MX2
+        return h ^ (h >> _S28)
     if n <= 4:  # 12..16 bytes
         lo = _lane(p, 0) ^ (_BITFLIP_9A + seed)
         hi = _lane(p, n - 2) ^ (_BITFLIP_9B - seed)
-        return _xxh3_avalanche(length + _bswap64(lo) + hi + _mul128_fold64(lo, hi))
+        sw = ((lo & _M32) << _S32) | (lo >> _S32)  # swap64(lo)
+        sw = ((sw & _M16) << _S16) | ((sw >> _S16) & _M16)
+        sw = ((sw & _M8) << _U8) | ((sw >> _U8) & _M8)
+        return _xxh3_avalanche(length + sw + hi + _mul128_fold64(lo, hi))
     acc = length * _P64_1
     if n <= 32:  # 17..128 bytes
-        if n > 8:
-            if n > 16:
-                if n > 24:
-                    acc += _mix16(p, 12, 96, seed)
-                    acc += _mix16(p, n - 16, 112, seed)
-                acc += _mix16(p, 8, 64, seed)
-                acc += _mix16(p, n - 12, 80, seed)
-            acc += _mix16(p, 4, 32, seed)
-            acc += _mix16(p, n - 8, 48, seed)
-        acc += _mix16(p, 0, 0, seed)
-        acc += _mix16(p, n - 4, 16, seed)
+        # XXH3_len_17to128: round k (k = 0; k = 1 if len > 32; 2 if len > 64; 3 if len > 96) mixes
+        # input bytes 16k with secret 32k and input bytes len - 16(k+1) with secret 32k + 16.
+        for k in range((n - 1) // 8 + 1):
+            acc += _mix16(p, 4 * k, 32 * k, seed)
+            acc += _mix16(p, n - 4 * (k + 1), 32 * k + 16, seed)
         return _xxh3_avalanche(acc)
     # 129..240 bytes. XXH3_MIDSIZE_STARTOFFSET = 3, XXH3_MIDSIZE_LASTOFFSET = 17, secret min 136.
     for k in range(8):
@@ -310,7 +267,7 @@ def _hash_short(p, n, seed):
     return _xxh3_avalanche(acc + acc_end)
 
 
-def _long_accumulate_codegen(context, builder, signature, args):
+def _long_stripes_codegen(context, builder, signature, args):
     """LLVM IR for the stripe loop of XXH3_hashLong_64b, the 8 accumulators in one <8 x i64>.
 
     Per 64-byte stripe s of a block (16 tokens, one unaligned <8 x i64> load):
@@ -422,22 +379,29 @@ def _long_accumulate_codegen(context, builder, signature, args):
     key = builder.or_(builder.lshr(key_lo, splat(8)), builder.shl(key_hi, splat(56)))
     d = load_v8(builder.gep(p, [last_off]), 4)
     a = accumulate(acc2, d, key)
+
+    # XXH3_mergeAccs xors acc[i] with the secret at byte 11 + 8 i = 8 (i + 1) + 3: words i + 1 and
+    # i + 2 spliced, 3 bytes / 5 bytes.
+    key_lo = key_at(const(1), sign_odd)
+    key_hi = key_at(const(2), sign_even)
+    a = builder.xor(a, builder.or_(builder.lshr(key_lo, splat(24)), builder.shl(key_hi, splat(40))))
     return context.make_tuple(
         builder, signature.return_type, [builder.extract_element(a, ir.Constant(i32, k)) for k in range(8)]
     )
 
 
 @intrinsic
-def _long_accumulate(typingctx, p, n_blocks, n_rest, last_off, seed):
-    """The 8 accumulators of XXH3_hashLong_64b after every stripe (see _long_accumulate_codegen).
+def _long_stripes(typingctx, p, n_blocks, n_rest, last_off, seed):
+    """The 8 accumulators of XXH3_hashLong_64b after every stripe, each already xored with its
+    merge secret word (bytes 11 + 8 i), ready for the mul128 folds of XXH3_mergeAccs.
 
     p points at the first token; n_blocks full 1 KiB blocks, n_rest (< 16) stripes of the partial
     block, last_off the token offset of the final stripe; seed the uint64 seed (0: default secret).
     """
     if p != _I32P:
-        raise TypingError("xxh3: _long_accumulate needs an int32*")
+        raise TypingError("xxh3: _long_stripes needs an int32*")
     sig = types.UniTuple(types.uint64, 8)(_I32P, types.int64, types.int64, types.int64, types.uint64)
-    return sig, _long_accumulate_codegen
+    return sig, _long_stripes_codegen
 
 
 @jit
@@ -446,15 +410,15 @@ def _hash_long(p, n, seed):
     nbytes = 4 * n
     n_blocks = (nbytes - 1) // 1024
     n_rest = ((nbytes - 1) - 1024 * n_blocks) // 64
-    a0, a1, a2, a3, a4, a5, a6, a7 = _long_accumulate(
+    a0, a1, a2, a3, a4, a5, a6, a7 = _long_stripes(
         p, np.int64(n_blocks), np.int64(n_rest), np.int64(n - 16), seed
     )
-    # XXH3_mergeAccs: secret at byte 11 (XXH_SECRET_MERGEACCS_START), start value len * PRIME64_1.
+    # XXH3_mergeAccs (the xor with the secret at byte 11 is done by _long_stripes), start len * PRIME64_1.
     r = np.uint64(nbytes) * _P64_1
-    r += _mul128_fold64(a0 ^ _secret_at(11, seed), a1 ^ _secret_at(19, seed))
-    r += _mul128_fold64(a2 ^ _secret_at(27, seed), a3 ^ _secret_at(35, seed))
-    r += _mul128_fold64(a4 ^ _secret_at(43, seed), a5 ^ _secret_at(51, seed))
-    r += _mul128_fold64(a6 ^ _secret_at(59, seed), a7 ^ _secret_at(67, seed))
+    r += _mul128_fold64(a0, a1)
+    r += _mul128_fold64(a2, a3)
+    r += _mul128_fold64(a4, a5)
+    r += _mul128_fold64(a6, a7)
     return _xxh3_avalanche(r)
 
 

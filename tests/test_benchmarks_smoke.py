@@ -1,0 +1,120 @@
+"""Smoke test of the benchmark suite: every asv benchmark runs (setup + one call) at a tiny size,
+and ``side_by_side --quick`` prints its ratio table. No timing is asserted."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = 16  # rollouts, instead of the suite's smallest size
+
+if str(ROOT) not in sys.path:  # asv_benchmarks lives at the repo root, next to chainrows
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(autouse=True)
+def _bench_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CHAINROWS_BENCH_CACHE", str(tmp_path_factory.getbasetemp() / "bench-cache"))
+
+
+def _benchmark_classes():
+    from asv_benchmarks import stages
+
+    for name, obj in vars(stages).items():
+        if inspect.isclass(obj) and obj.__module__ == stages.__name__ and not name.startswith("_"):
+            methods = [m for m in dir(obj) if m.startswith(("time_", "track_", "mem_", "peakmem_"))]
+            if methods:
+                yield name, obj, methods
+
+
+def test_asv_config_points_at_this_suite():
+    import json
+    import re
+
+    text = (ROOT / "asv.conf.json").read_text()
+    conf = json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
+    assert conf["environment_type"] == "existing"
+    assert conf["benchmark_dir"] == "asv_benchmarks"
+    assert (ROOT / conf["benchmark_dir"] / "__init__.py").exists()
+
+
+STAGE_CLASSES = ["Join", "Decide", "Gather", "Advantages", "ParquetToParquet", "Xxh3"]
+
+
+def test_every_stage_has_a_benchmark():
+    names = {name for name, _, _ in _benchmark_classes()}
+    assert set(STAGE_CLASSES) | {"StartUp"} <= names
+
+
+@pytest.mark.parametrize("cls_name", STAGE_CLASSES)
+def test_stage_benchmark_runs(cls_name):
+    classes = {name: (cls, methods) for name, cls, methods in _benchmark_classes()}
+    cls, methods = classes[cls_name]
+    # every combination of the non-size parameters, at the tiny size
+    params = cls.params
+    names = list(cls.param_names)
+    grids = [[TINY] if n == "rollouts" else list(p) for n, p in zip(names, params)]
+    for combo in itertools.product(*grids):
+        bench = cls()
+        bench.setup(*combo)
+        try:
+            for m in methods:
+                getattr(bench, m)(*combo)
+        finally:
+            if hasattr(bench, "teardown"):
+                bench.teardown(*combo)
+
+
+def test_startup_track_benchmarks_run():
+    """StartUp's track_ benchmarks on a state from one probe with the current Numba cache (the
+    real cold-compile probe costs ~40 s of compilation; asv and side_by_side run it)."""
+    from asv_benchmarks import common, stages
+
+    probe = common.start_probe(None)
+    assert probe["rows"] > 0
+    state = {"cache": None, "cold": probe, "cached": probe}
+    bench = stages.StartUp()
+    for m in ("track_cold_compile", "track_cold_compile_cpu", "track_cached_start", "track_cached_start_cpu"):
+        assert getattr(bench, m)(state) > 0
+
+
+def test_replicated_tables_are_distinct_rollouts():
+    import chainrows
+    from asv_benchmarks import common
+
+    tables = common.synth_tables_cached(TINY)
+    big = common.replicate_tables(tables, 3)
+    assert big[2].num_rows == 3 * tables[2].num_rows
+    assert len(set(big[2]["rollout_id"].to_pylist())) == 3 * tables[2].num_rows
+    one, three = chainrows.reassemble(*tables), chainrows.reassemble(*big)
+    assert three.rows.num_rows == 3 * one.rows.num_rows
+    statuses = one.report["status"].to_pylist()
+    assert sorted(three.report["status"].to_pylist()) == sorted(statuses * 3)
+
+
+def test_side_by_side_quick_prints_ratio_table(capsys):
+    from asv_benchmarks import side_by_side
+
+    assert side_by_side.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "== ratio table ==" in out
+    table = out[out.index("== ratio table =="):]
+    assert "| measurement" in table and "| ratio" in table
+    for row in ("engine vs reference", "decide+gather (1 thread) vs memcpy floor",
+                "parquet->parquet chainrows vs pyarrow floor", "cached start", "peak RSS"):
+        assert row in table, row
+
+
+def test_side_by_side_runs_as_a_module():
+    """``python -m asv_benchmarks.side_by_side`` parses its arguments (full quick run above)."""
+    p = subprocess.run([sys.executable, "-m", "asv_benchmarks.side_by_side", "--help"], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "--big-gb" in p.stdout and "--quick" in p.stdout
