@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--corrupt-rate", type=float, default=0.05)
     s.add_argument("--mean-gen-tokens", type=int, default=200)
     s.add_argument("--no-logprobs", action="store_true")
+    s.add_argument("--workers", type=int, default=1, help="generator processes (0: one per core)")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing dataset in OUT")
 
     j = sub.add_parser("import-jsonl", help="raw JSON Lines (docs/jsonl.md) -> SPEC §2 dataset")
     j.add_argument("ledger")
@@ -108,17 +110,20 @@ def cmd_reassemble(a) -> int:
 
 
 def cmd_synth(a) -> int:
+    from chainrows.progress import human_bytes
     from chainrows.synth import write_synth_dataset
 
     t0 = time.perf_counter()
     info = write_synth_dataset(a.out, a.rollouts, a.seed, group_size=a.group_size,
                                compaction_rate=a.compaction_rate, retry_rate=a.retry_rate,
                                corrupt_rate=a.corrupt_rate, mean_gen_tokens=a.mean_gen_tokens,
-                               logprobs=not a.no_logprobs)
+                               logprobs=not a.no_logprobs, workers=a.workers or None,
+                               overwrite=a.overwrite)
     dt = time.perf_counter() - t0
     print(f"chainrows synth -> {a.out}")
-    for k, v in info.items():
-        print(f"{k:<10} {v:,}" if isinstance(v, int) else f"{k:<10} {v}")
+    for k in ("rollouts", "corrupt", "calls", "tokens"):
+        print(f"{k:<10} {info[k]:,}")
+    print(f"{'size':<10} {human_bytes(info['bytes'])}")
     print(f"{'time':<10} {dt:.2f} s")
     return 0
 
@@ -186,6 +191,9 @@ def main(argv=None) -> int:
         return COMMANDS[args.command](args)
     except InputError as exc:
         print(f"chainrows: error: {exc}", file=sys.stderr)
+        return 2
+    except FileExistsError as exc:
+        print(f"chainrows: error: {exc} (use --overwrite)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("chainrows: interrupted; no output written", file=sys.stderr)

@@ -24,7 +24,9 @@ SEEDS = FIXED_SEEDS + RANDOM_SEEDS
 OFFSETS = range(8)
 BIG_LENGTHS = [1000, 1023, 1024, 4096, 65537, 1_000_003]
 # Block / stripe edges of the long path (tokens): 256 tokens = one 1 KiB block, 16 tokens = a stripe.
-EDGE_LENGTHS = [255, 256, 257, 271, 272, 273, 511, 512, 513, 767, 768, 769, 1279, 1280, 1281, 2047, 2048, 2049]
+EDGE_LENGTHS = [
+    255, 256, 257, 271, 272, 273, 511, 512, 513, 767, 768, 769, 1279, 1280, 1281, 2047, 2048, 2049,
+]
 
 
 def reference(tokens, start, stop, seed):
@@ -48,12 +50,13 @@ def check_many(tokens, starts, stops, seeds):
     assert got.dtype == np.uint64 and got.shape == starts.shape
     data = memoryview(tokens.astype("<i4", copy=False).tobytes())
     digest = xxhash.xxh3_64_intdigest
-    want = np.array(
-        [digest(data[4 * a : 4 * b], s) for a, b, s in zip(starts.tolist(), stops.tolist(), seeds_u.tolist())],
-        dtype=np.uint64,
-    )
+    runs = zip(starts.tolist(), stops.tolist(), seeds_u.tolist())
+    want = np.array([digest(data[4 * a : 4 * b], s) for a, b, s in runs], dtype=np.uint64)
     bad = np.flatnonzero(got != want)
-    first = [(int(starts[i]), int(stops[i] - starts[i]), int(seeds_u[i]), int(got[i]), int(want[i])) for i in bad[:5]]
+    first = [
+        (int(starts[i]), int(stops[i] - starts[i]), int(seeds_u[i]), int(got[i]), int(want[i]))
+        for i in bad[:5]
+    ]
     assert bad.size == 0, f"{bad.size} mismatches of {want.size}, first (start, n, seed, got, want): {first}"
 
 
@@ -78,7 +81,7 @@ def test_block_edges(buf):
 
 
 def test_big_lengths(buf):
-    check_many(buf, *grid(BIG_LENGTHS, offsets=[0, 1, 3, 7]))
+    check_many(buf, *grid(BIG_LENGTHS))
 
 
 @pytest.mark.parametrize(
@@ -94,7 +97,7 @@ def test_extreme_token_values(fill):
         tokens = -(np.arange(size, dtype=np.int32) % 7) - 1
     else:
         tokens = np.full(size, fill, dtype=np.int32)
-    lengths = list(range(0, 70)) + [120, 240 // 4, 256, 257, 1000, 4096]
+    lengths = list(range(0, 70)) + [120, 256, 257, 1000, 4096]
     check_many(tokens, *grid(lengths, seeds=[0, 1, 2**63, 2**64 - 1], offsets=[0, 1, 5]))
 
 
@@ -135,5 +138,6 @@ def test_rejects_non_contiguous_tokens(buf):
     hi=st.sampled_from([I32_MAX, 5, 100_000]),
 )
 def test_property_matches_xxhash(n, off, seed, data_seed, lo, hi):
-    tokens = np.random.default_rng(data_seed).integers(lo, hi + 1, off + n + 3, dtype=np.int64).astype(np.int32)
+    rng = np.random.default_rng(data_seed)
+    tokens = rng.integers(lo, hi + 1, off + n + 3, dtype=np.int64).astype(np.int32)
     assert int(xxh3_64_tokens(tokens, off, off + n, np.uint64(seed))) == reference(tokens, off, off + n, seed)

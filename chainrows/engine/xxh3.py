@@ -162,7 +162,8 @@ def _u32(typingctx, p, i):
         raise TypingError("xxh3: _u32(int32*, integer)")
 
     def codegen(context, builder, signature, args):
-        return builder.zext(builder.load(_index_ptr(context, builder, signature, args), align=4), ir.IntType(64))
+        word = builder.load(_index_ptr(context, builder, signature, args), align=4)
+        return builder.zext(word, ir.IntType(64))
 
     return types.uint64(p, i), codegen
 
@@ -277,7 +278,8 @@ def _long_stripes_codegen(context, builder, signature, args):
     After the 16 stripes of every full 1 KiB block: acc = (acc ^ acc >> 47 ^ customSecret[128:192])
     * PRIME32_1. Then the n_rest (< 16) stripes of the partial block, and the last stripe: input at
     token last_off, secret at byte 121 (= word 15 shifted down a byte, spliced with word 16).
-    The seed pattern vectors are built once; no memory is written.
+    Keys are rebuilt from _K8 and the seed on every call (LLVM hoists them out of the loop); the
+    custom secret is never stored and nothing is allocated.
     """
     p, n_blocks, n_rest, last_off, seed = args
     i32 = ir.IntType(32)
@@ -328,7 +330,8 @@ def _long_stripes_codegen(context, builder, signature, args):
         return builder.mul(builder.xor(x, scramble_key), splat(_P32_1))
 
     keys = [key_at(const(w), sign_odd if w & 1 else sign_even) for w in range(16)]
-    init = ir.Constant(v8, [const(x) for x in (_P32_3, _P64_1, _P64_2, _P64_3, _P64_4, _P32_2, _P64_5, _P32_1)])
+    init_accs = (_P32_3, _P64_1, _P64_2, _P64_3, _P64_4, _P32_2, _P64_5, _P32_1)  # XXH3_INIT_ACC
+    init = ir.Constant(v8, [const(x) for x in init_accs])
 
     entry = builder.block
     block_head = builder.append_basic_block("xxh3.block.head")
