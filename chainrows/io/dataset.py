@@ -7,6 +7,11 @@ column chunk that does not fit 32-bit offsets keeps its 64-bit-offset form (``la
 ``large_list<…>`` with ``large_string`` items), for the whole column of the returned table
 (or for that batch, in :func:`iter_table_batches`). Consumers must accept both forms.
 
+Null ``item_keys``/``output_keys``/``tokens`` lists come out as empty lists (SPEC §2); null
+``item_ids``/``output_ids``/``logprobs``/``accepted_response_ids`` lists stay null. Nulls in
+non-nullable columns, and null entries inside key, token and logprob lists, are InputErrors
+naming the first offending row (0-based, within its file). Columns are chunked arrays.
+
 Unusable input raises :class:`~chainrows.io.errors.InputError` with a one-line message.
 """
 
@@ -159,9 +164,9 @@ def check_schema(name: str, schema: pa.Schema, file: str | os.PathLike | None = 
     all). Returns the wanted columns present in the file, in canonical order (optional ones
     only when present). Raises InputError naming table, column, found/expected type and file.
     """
-    canonical = CANONICAL[name]
-    for col in _wanted(name, columns):
-        want = canonical.field(col).type
+    wanted = _wanted(name, columns)
+    for col in wanted:
+        want = CANONICAL[name].field(col).type
         hits = schema.get_all_field_indices(col)
         if not hits:
             if col in OPTIONAL[name]:
@@ -174,7 +179,7 @@ def check_schema(name: str, schema: pa.Schema, file: str | os.PathLike | None = 
         if not _accepts(found, want):
             raise InputError(f"column {col!r} has type {_type_name(found)}, expected "
                              f"{_expected(want)}", table=name, file=file, column=col)
-    return [c for c in _wanted(name, columns) if schema.get_field_index(c) >= 0]
+    return [c for c in wanted if schema.get_field_index(c) >= 0]
 
 
 def _wanted(name: str, columns: Sequence[str] | None) -> list[str]:

@@ -31,18 +31,25 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX: stale temp dirs are cleaned by age only
     fcntl = None
 
-# Writer options, chosen by measurement (docs/decisions-io.md has the script and full table).
-# `rows` table, 2000 rows / 13.0 M tokens / 117.5 MB in memory, best of 3, 2 vCPUs:
-#   default (dictionary on all columns, snappy)  53.2 MB  write 0.84-0.96 s  read 0.20-0.35 s
-#   dictionary all, zstd                         42.3 MB  write 0.89-1.18 s  read 0.20 s
-#   dictionary strings only, none               156.5 MB  write 0.49-0.50 s  read 0.17-0.28 s
-#   dictionary strings only, snappy              56.9 MB  write 0.53-0.61 s  read 0.21-0.33 s
-#   dictionary strings only, lz4                 50.6 MB  write 0.51-0.70 s  read 0.15-0.21 s
-#   dictionary strings only, zstd level 1        39.6 MB  write 0.57-0.70 s  read 0.18-0.24 s  <- chosen
-#   dictionary strings only, zstd level 3        39.7 MB  write 0.78-1.04 s  read 0.20-0.41 s
-#   no dictionary at all, zstd level 1           39.6 MB  write 0.61-0.80 s  read 0.22 s
-# Dictionary encoding of the token lists costs write time and buys nothing once compressed;
-# zstd(1) is the smallest file at close to the speed of lz4/snappy (zstd 3 is slower, no smaller).
+# Writer options, chosen by measurement (docs/decisions-io.md has the script). Synthetic `rows`
+# table: 2000 rows, 13.0 M tokens, 117.5 MB in memory, with logprobs; GRPO groups of 8 share a
+# prompt; pyarrow 26, 2 vCPUs shared with other jobs, so times are best-of-5 CPU seconds
+# (write; single-threaded read), which were stable where wall times were not:
+#   option                                size      B/token  write cpu  read cpu
+#   default (dictionary all cols, snappy)  53.2 MB   4.08     0.85 s     0.35 s
+#   dictionary all cols, zstd (default lv) 42.3 MB   3.25     1.25 s     0.51 s
+#   dictionary strings only, none         156.5 MB  12.01     0.47 s     0.55 s
+#   dictionary strings only, snappy        56.9 MB   4.37     0.55 s     0.41 s
+#   dictionary strings only, lz4           50.6 MB   3.89     0.58 s     0.31 s
+#   dictionary strings only, zstd(1)       39.6 MB   3.04     0.70 s     0.39 s   <- chosen
+#   dictionary strings only, zstd(3)       39.7 MB   3.04     0.98 s     0.44 s
+#   no dictionary at all, zstd(1)          39.6 MB   3.04     0.76 s     0.48 s
+#   dictionary strings + loss_mask, zstd(1) 39.5 MB  3.03     0.86 s     0.41 s
+#   + BYTE_STREAM_SPLIT logprobs, zstd(1)  37.8 MB   2.90     0.83 s     0.37 s
+# Dictionary-encoding the token lists costs write time and buys nothing once compressed.
+# zstd(1) is 26% smaller than the default at 18% less write CPU; lz4 writes 17% faster but is
+# 28% bigger; zstd(3) is slower and no smaller. BYTE_STREAM_SPLIT (5% smaller) is left out:
+# older Parquet readers may not decode it, and it is slower to write.
 DICTIONARY_COLUMNS = [
     "rollout_id", "group_id", "status", "reason", "detail", "call_ids.list.element",
 ]
