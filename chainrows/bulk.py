@@ -10,7 +10,9 @@ Everything is staged in a temp directory inside OUT and moved into place at the 
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import shutil
 import time
 from collections import Counter
@@ -24,7 +26,7 @@ import pyarrow.parquet as pq
 
 from chainrows.api import run_tables
 from chainrows.io.dataset import read_dataset, table_files, table_schema
-from chainrows.io.partition import partition
+from chainrows.io.partition import bucket_dir, partition
 from chainrows.io.rowgroups import RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
 from chainrows.io.write import AtomicOutput
@@ -68,6 +70,24 @@ class Summary:
         self.calls += int(calls.sum())
         self.unselected_calls += int((calls - np.asarray(report["num_selected"]))[ok].sum())
         self.orphan_token_rows += orphans
+
+    def merge(self, other: "Summary") -> None:
+        """Add another bucket's counts (input_bytes, buckets and seconds are the run's own)."""
+        for name in ("rollouts", "ok", "rows", "tokens", "loss_tokens", "calls",
+                     "unselected_calls", "orphan_token_rows"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.reasons.update(other.reasons)
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in vars(self).items() if k != "reasons"}
+        d["reasons"] = dict(self.reasons)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Summary":
+        d = dict(d)
+        reasons = Counter(d.pop("reasons", {}))
+        return cls(reasons=reasons, **d)
 
     def format(self) -> str:
         masked = self.rollouts - self.ok
@@ -114,10 +134,17 @@ def plan_buckets(total_bytes: int, budget: int) -> int:
     return max(1, math.ceil(total_bytes * PEAK_FACTOR / usable))
 
 
+WORK_DIR = ".chainrows-work"  # spill buckets and finished bucket outputs, kept for --resume
+
+
 def run(dataset_dir, out_dir, *, mode="cc", placeholders=False, baseline="mean", no_std=False,
         baseline_population="all", row_weight="rollout", memory_budget=DEFAULT_BUDGET,
-        buckets: int | None = None, progress: bool | None = None) -> Summary:
-    """Reassemble ``dataset_dir`` into ``out_dir``; returns the run's summary."""
+        buckets: int | None = None, resume: bool = False, progress: bool | None = None) -> Summary:
+    """Reassemble ``dataset_dir`` into ``out_dir``; returns the run's summary.
+
+    ``resume``: reuse the partitions and finished buckets a killed run left in
+    ``out_dir/.chainrows-work`` when the dataset and options are unchanged.
+    """
     t0 = time.perf_counter()
     opts = dict(mode=mode, placeholders=placeholders, baseline=baseline, no_std=no_std,
                 baseline_population=baseline_population, row_weight=row_weight)
@@ -128,6 +155,7 @@ def run(dataset_dir, out_dir, *, mode="cc", placeholders=False, baseline="mean",
     summary = Summary(input_bytes=total, buckets=k)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    work = out / WORK_DIR
     with AtomicOutput(out) as staged:
         rows_w, report_w = _final_writers(staged, has_lp)
         try:
@@ -142,11 +170,14 @@ def run(dataset_dir, out_dir, *, mode="cc", placeholders=False, baseline="mean",
                 bar.advance(1)
                 bar.close()
             else:
-                _run_partitioned(dataset_dir, staged, k, opts, memory_budget, total, summary,
+                manifest = _manifest(dataset_dir, opts, k, memory_budget)
+                _prepare_work(work, manifest, resume)
+                _run_partitioned(dataset_dir, work, k, opts, memory_budget, total, summary,
                                  rows_w, report_w, has_lp, progress)
         finally:
             rows_w.close()
             report_w.close()
+    shutil.rmtree(work, ignore_errors=True)  # only after the outputs are committed
     summary.seconds = time.perf_counter() - t0
     return summary
 
@@ -157,34 +188,80 @@ def _final_writers(staged: AtomicOutput, has_lp: bool):
     return rows_w, report_w
 
 
-def _run_partitioned(dataset_dir, staged, k, opts, budget, total, summary, rows_w, report_w,
+def _manifest(dataset_dir, opts, k, budget) -> dict:
+    files = {}
+    for name in ("ledger", "tokens", "rollouts"):
+        for f in table_files(dataset_dir, name):
+            st = f.stat()
+            files[str(f.resolve())] = [st.st_size, st.st_mtime_ns]
+    return {"version": 1, "files": files, "options": opts, "buckets": k, "budget": budget}
+
+
+def _prepare_work(work: Path, manifest: dict, resume: bool) -> None:
+    """Keep ``work`` when resuming the same job; otherwise start it afresh."""
+    path = work / "manifest.json"
+    if resume and path.exists():
+        try:
+            if json.loads(path.read_text()) == manifest:
+                return
+        except (OSError, ValueError):
+            pass
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    _write_atomic(path, json.dumps(manifest, sort_keys=True))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _run_partitioned(dataset_dir, work: Path, k, opts, budget, total, summary, rows_w, report_w,
                      has_lp, progress):
-    spill = staged.tmp_dir / ".spill"
-    batch_rows = _batch_rows(dataset_dir, budget)
-    bar = Progress("partition", total, enabled=progress)
-    dirs = partition(dataset_dir, spill, k, batch_rows, bar)
-    bar.close()
+    spill = work / "spill"
+    if not (work / "partitioned").exists():
+        shutil.rmtree(spill, ignore_errors=True)
+        bar = Progress("partition", total, enabled=progress)
+        partition(dataset_dir, spill, k, _batch_rows(dataset_dir, budget), bar)
+        bar.close()
+        (work / "partitioned").touch()
     bar = Progress("reassemble", k, enabled=progress, unit="buckets")
     outs = []
-    for b, d in enumerate(dirs):
-        ds = read_dataset(d)
-        result, orphans = run_tables(ds.ledger, ds.tokens, ds.rollouts, **opts)
-        del ds
-        summary.add(result.rows, result.report, orphans)
-        rows_f, report_f = d / "out-rows.parquet", d / "out-report.parquet"
-        pq.write_table(result.rows.cast(rows_schema(has_lp)) if result.rows.num_rows < 2**20 else result.rows,
-                       rows_f, compression="lz4", use_dictionary=False)
-        pq.write_table(result.report, report_f, compression="lz4", use_dictionary=False)
-        for name in ("ledger", "tokens", "rollouts"):
-            (d / f"{name}.parquet").unlink()
+    for b in range(k):
+        d = bucket_dir(spill, b)
+        rows_f, report_f, done = d / "out-rows.parquet", d / "out-report.parquet", d / "done.json"
+        if not done.exists():
+            ds = read_dataset(d)
+            result, orphans = run_tables(ds.ledger, ds.tokens, ds.rollouts, **opts)
+            del ds
+            part = Summary()
+            part.add(result.rows, result.report, orphans)
+            _write_spill(result.rows.cast(rows_schema(has_lp)), rows_f, _spill_group_rows(result.rows, budget, k))
+            _write_spill(result.report, report_f, 65536)
+            del result
+            _write_atomic(done, json.dumps(part.to_json()))
+            for name in ("ledger", "tokens", "rollouts"):
+                (d / f"{name}.parquet").unlink(missing_ok=True)
+        summary.merge(Summary.from_json(json.loads(done.read_text())))
         outs.append((rows_f, report_f))
         bar.advance(1)
-        del result
     bar.close()
-    merge_rows = max(64, budget // (8 * k * max(_avg_row_bytes(outs), 1)))
+    merge_rows = max(16, budget // (8 * k * max(_avg_row_bytes(outs), 1)))
     _merge_sorted([o[0] for o in outs], rows_w, int(merge_rows))
     _merge_sorted([o[1] for o in outs], report_w, 65536)
-    shutil.rmtree(spill, ignore_errors=True)
+
+
+def _write_spill(table: pa.Table, path: Path, group_rows: int) -> None:
+    """A bucket's sorted output, in small row groups: the merge holds one group per bucket."""
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp, compression="lz4", use_dictionary=False, row_group_size=group_rows)
+    os.replace(tmp, path)
+
+
+def _spill_group_rows(rows: pa.Table, budget: int, k: int) -> int:
+    per_row = max(rows.nbytes // max(rows.num_rows, 1), 1)
+    return int(max(16, budget // (8 * k * per_row)))
 
 
 def _avg_row_bytes(outs) -> int:
@@ -210,7 +287,8 @@ def _batch_rows(dataset_dir, budget) -> int:
 
 def _merge_sorted(files, writer: RowGroupWriter, batch_rows: int) -> None:
     """k-way merge of files sorted by rollout_id (ids disjoint across files), batch at a time."""
-    iters = [pq.ParquetFile(f).iter_batches(batch_size=batch_rows) for f in files]
+    iters = [pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20).iter_batches(batch_size=batch_rows)
+             for f in files]
     bufs: list[pa.Table | None] = [None] * len(iters)
 
     def refill(i):

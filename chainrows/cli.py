@@ -83,6 +83,8 @@ def _reassemble_options(r):
     r.add_argument("--memory-budget", type=parse_size, default=None,
                    help="peak memory to stay under, e.g. 4GiB (default 4GiB)")
     r.add_argument("--buckets", type=int, default=None, help=argparse.SUPPRESS)
+    r.add_argument("--resume", action="store_true",
+                   help="reuse finished partitions of an interrupted run into the same OUT")
     r.add_argument("--threads", type=int, default=None, help="kernel threads (default: all cores)")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
@@ -103,7 +105,7 @@ def cmd_reassemble(a) -> int:
                        baseline=a.baseline, no_std=a.no_std,
                        baseline_population=a.baseline_population, row_weight=a.row_weight,
                        memory_budget=a.memory_budget or bulk.DEFAULT_BUDGET, buckets=a.buckets,
-                       progress=a.progress)
+                       resume=a.resume, progress=a.progress)
     print(f"chainrows reassemble ({a.mode}) {a.dataset} -> {a.out}")
     print(summary.format())
     return 0

@@ -35,7 +35,11 @@ def _same_list(a, b):
 def compare(seed, ledger, tokens, rollouts, options):
     want_rows, want_report = reference.reassemble(ledger, tokens, rollouts, **options)
     got_rows, got_report = engine_reassemble(ledger, tokens, rollouts, **options)
-    ctx = f"seed={seed} options={options}"
+    compare_outputs(f"seed={seed} options={options}", got_rows, got_report, want_rows, want_report)
+
+
+def compare_outputs(ctx, got_rows, got_report, want_rows, want_report):
+    """Engine output (dict lists) against the reference's, field by field."""
     assert [r["rollout_id"] for r in got_report] == [r["rollout_id"] for r in want_report], ctx
     for g, w in zip(got_report, want_report):
         for key in EXACT_REPORT:

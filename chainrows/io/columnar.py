@@ -29,7 +29,16 @@ class Labels:
 
 
 def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple[Batch, Labels]:
-    """Join the three tables into one Batch. Tables must already passed schema checks."""
+    """Join the three tables into one Batch.
+
+    The tables go through the reader's SPEC §2 checks first (types, nulls, UTF-8; an InputError
+    without a file name on unusable input), so Arrow tables handed to the API directly get the
+    same treatment as files. For tables that already come from the reader this is a cheap
+    no-op pass (no casts; one scan of the id strings and the null bitmaps).
+    """
+    ledger = _canonical("ledger", ledger)
+    tokens = _canonical("tokens", tokens)
+    rollouts = _canonical("rollouts", rollouts)
     rid = _sorted_unique([ledger["rollout_id"], tokens["rollout_id"], rollouts["rollout_id"]])
     R = len(rid)
     l_r = _codes(ledger["rollout_id"], rid)
@@ -160,6 +169,14 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         orphan_token_rows=int((~matched).sum()),
     )
     return batch, labels
+
+
+def _canonical(name: str, table) -> pa.Table:
+    from chainrows.io.dataset import check_schema, normalize
+
+    if not isinstance(table, pa.Table):
+        raise TypeError(f"{name}: expected a pyarrow.Table, got {type(table).__name__}")
+    return normalize(name, table, check_schema(name, table.schema))
 
 
 class _KeyIndex:

@@ -1,0 +1,126 @@
+"""The dataset runner: Parquet in, Parquet out, in memory or partitioned, resumable."""
+
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from chainrows import bulk, reference
+from chainrows.synth import write_synth_dataset
+
+from test_properties import compare_outputs
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("synth") / "data"
+    write_synth_dataset(path, 240, seed=7, corrupt_rate=0.25)
+    return path
+
+
+def _read(out):
+    return pq.read_table(out / "rows.parquet"), pq.read_table(out / "report.parquet")
+
+
+def test_round_trip_agrees_with_reference(dataset, tmp_path):
+    """synth -> reassemble -> read rows: every rollout as the oracle decides it."""
+    summary = bulk.run(dataset, tmp_path / "out", buckets=1)
+    rows, report = _read(tmp_path / "out")
+    ledger, tokens, rollouts = (pq.read_table(dataset / f"{n}.parquet").to_pylist()
+                                for n in ("ledger", "tokens", "rollouts"))
+    want_rows, want_report = reference.reassemble(ledger, tokens, rollouts)
+    compare_outputs("round trip", rows.to_pylist(), report.to_pylist(), want_rows, want_report)
+    assert summary.rollouts == len(want_report)
+    assert summary.ok == sum(r["status"] == "ok" for r in want_report)
+    assert summary.rows == len(want_rows) == rows.num_rows
+
+
+@pytest.mark.parametrize("buckets", [2, 5])
+def test_partitioned_output_is_byte_identical(dataset, tmp_path, buckets):
+    bulk.run(dataset, tmp_path / "one", buckets=1)
+    bulk.run(dataset, tmp_path / "many", buckets=buckets)
+    for name in ("rows.parquet", "report.parquet"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "many" / name).read_bytes()
+    assert not (tmp_path / "many" / bulk.WORK_DIR).exists()
+
+
+def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, monkeypatch):
+    reference_out = tmp_path / "ref"
+    bulk.run(dataset, reference_out, buckets=4)
+    out = tmp_path / "out"
+    calls = []
+    real = bulk.run_tables
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("simulated crash in bucket 2")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bulk, "run_tables", flaky)
+    with pytest.raises(RuntimeError):
+        bulk.run(dataset, out, buckets=4)
+    assert not (out / "rows.parquet").exists() and not (out / "report.parquet").exists()
+    assert len(list((out / bulk.WORK_DIR / "spill").glob("*/done.json"))) == 2
+    calls.clear()
+    summary = bulk.run(dataset, out, buckets=4, resume=True)
+    assert len(calls) == 2  # buckets 2 and 3 only
+    assert summary.rollouts == 240
+    for name in ("rows.parquet", "report.parquet"):
+        assert (out / name).read_bytes() == (reference_out / name).read_bytes()
+
+
+def test_resume_ignores_work_of_other_options(dataset, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    real = bulk.run_tables
+    calls = []
+
+    def crash_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("crash")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bulk, "run_tables", crash_second)
+    with pytest.raises(RuntimeError):
+        bulk.run(dataset, out, buckets=3)
+    calls.clear()
+    monkeypatch.setattr(bulk, "run_tables", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    bulk.run(dataset, out, buckets=3, resume=True, mode="ordinary")
+    assert len(calls) == 3  # different options: nothing reused
+
+
+def test_plan_buckets_grows_with_size():
+    assert bulk.plan_buckets(10 << 20, 4 << 30) == 1
+    assert bulk.plan_buckets(8 << 30, 1 << 30) >= 8 * bulk.PEAK_FACTOR
+
+
+PEAK_SCRIPT = r"""
+import resource, sys
+from chainrows import bulk
+budget = int(sys.argv[3])
+s = bulk.run(sys.argv[1], sys.argv[2], memory_budget=budget)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(s.buckets, s.input_bytes, peak)
+"""
+
+
+@pytest.mark.slow
+def test_larger_than_memory_stays_under_budget(tmp_path):
+    """A dataset 4x the budget runs in buckets with peak RSS under the budget, same bytes."""
+    data = tmp_path / "big"
+    write_synth_dataset(data, 2400, seed=3, mean_gen_tokens=900, prompt_tokens=3000)
+    budget = 360 << 20
+    size = sum(bulk.input_bytes(data).values())
+    assert size >= 4 * budget, f"dataset {size} too small for the test"
+    env = dict(os.environ)
+    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(data), str(tmp_path / "out"), str(budget)],
+                         capture_output=True, text=True, env=env, check=True)
+    buckets, input_size, peak = map(int, res.stdout.split())
+    assert buckets > 1
+    assert peak < budget, f"peak RSS {peak >> 20} MiB over the {budget >> 20} MiB budget"
+    bulk.run(data, tmp_path / "mem", buckets=1)
+    for name in ("rows.parquet", "report.parquet"):
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "mem" / name).read_bytes()
