@@ -14,14 +14,18 @@ so read the ratios, not the absolute numbers):
    distinct rollout/group ids (``common.replicate_tables``), which gives the engine the same work
    per byte as synthesising k times more rollouts, ~100x faster. The engine is timed on 1 thread
    (``numba.set_num_threads(1)``) and on all threads, both as decide + gather (checks, select,
-   cut, verify with hashes, gather) and with build_batch (the Arrow join) included.
+   cut, verify with hashes, gather) and with build_batch (the Arrow join) included; hashing and
+   gather alone are put against the floor too, and the peak extra memory of build + decide +
+   gather is read from VmHWM (reset through /proc/self/clear_refs). Before the section,
+   ``--prefault-gb`` of memory is touched and freed once: on a VM, pages the guest touches for the
+   first time can fault in at ~0.25 GB/s, which otherwise lands in whatever allocates first.
 3. Parquet -> Parquet: read the three tables, reassemble, write rows + report (pyarrow default
    writer options), against the pyarrow floor: read the three tables with ``pq.read_table`` and
    write the same rows + report tables with ``pq.write_table``. When ``chainrows.bulk.run`` (the
    CLI's path: project writer options, atomic output) exists it is timed as well, against a floor
    with the same writer options.
-4. memory and start-up: peak RSS (``ru_maxrss``) of this process after sections 1 and 2 and of a
-   child running section 3 once; cold compile (fresh interpreter, empty NUMBA_CACHE_DIR, import +
+4. memory and start-up: peak RSS of a fresh child running section 3 once (VmHWM: ru_maxrss is
+   inherited across fork + exec on Linux) and of this whole process (ru_maxrss); cold compile (fresh interpreter, empty NUMBA_CACHE_DIR, import +
    8-rollout reassemble), the same with that cache filled, and ``python -m chainrows.cli --help``.
 
 ``--quick`` shrinks everything (seconds, for a CI smoke test) and skips the cold compile (~40 s

@@ -243,6 +243,7 @@ def _run_partitioned(dataset_dir, work: Path, k, opts, budget, total, summary, r
             _write_atomic(done, json.dumps(part.to_json()))
             for name in ("ledger", "tokens", "rollouts"):
                 (d / f"{name}.parquet").unlink(missing_ok=True)
+            pa.default_memory_pool().release_unused()
         summary.merge(Summary.from_json(json.loads(done.read_text())))
         outs.append((rows_f, report_f))
         bar.advance(1)
@@ -287,7 +288,8 @@ def _batch_rows(dataset_dir, budget) -> int:
 
 def _merge_sorted(files, writer: RowGroupWriter, batch_rows: int) -> None:
     """k-way merge of files sorted by rollout_id (ids disjoint across files), batch at a time."""
-    iters = [pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20).iter_batches(batch_size=batch_rows)
+    # one buffered stream per column per file: keep each small, k files are open at once
+    iters = [pq.ParquetFile(f, pre_buffer=False, buffer_size=64 << 10).iter_batches(batch_size=batch_rows, use_threads=False)
              for f in files]
     bufs: list[pa.Table | None] = [None] * len(iters)
 
@@ -314,3 +316,5 @@ def _merge_sorted(files, writer: RowGroupWriter, batch_rows: int) -> None:
         merged = pa.concat_tables(pieces)
         keys = [("rollout_id", "ascending")] + ([("segment", "ascending")] if "segment" in merged.column_names else [])
         writer.write(merged.take(pc.sort_indices(merged, sort_keys=keys)))
+        del merged, pieces
+        pa.default_memory_pool().release_unused()

@@ -411,11 +411,23 @@ def read_table(dataset_dir: str | os.PathLike, name: str,
 def _read_file(plan: TablePlan, i: int) -> pa.Table:
     file, present = plan.files[i], plan.present[i]
     try:
-        raw = pq.ParquetFile(file).read(columns=[c for c in present if c in plan.columns])
+        pf = pq.ParquetFile(file)
+        raw = pf.read(columns=[c for c in present if c in plan.columns])
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=plan.name,
                          file=file) from exc
+    _check_row_count(plan.name, file, raw.num_rows, pf.metadata.num_rows)
     return normalize(plan.name, raw, plan.columns, file)
+
+
+def _check_row_count(name, file, got: int, footer: int) -> None:
+    """A damaged page header can make pyarrow return fewer rows than the footer promises
+    without raising (seen with ``iter_batches``: zero batches for a 155-row file after a bit
+    flip in the first page header). A silently short table would mask or drop rollouts, so it
+    is an unreadable file."""
+    if got != footer:
+        raise InputError(f"unreadable Parquet file: read {got} rows but the footer says "
+                         f"{footer} (damaged pages?)", table=name, file=file)
 
 
 def _concat(plan: TablePlan, parts: list[pa.Table]) -> pa.Table:
@@ -453,16 +465,20 @@ def _iter_file(plan, file, read_cols, batch_rows) -> Iterator[pa.RecordBatch]:
     try:
         # pre_buffer=True (pyarrow's default) reads ahead the whole file: 1.2 GB of pool memory
         # for a 1.2 GB tokens file, measured. Streaming batches must not.
-        batches = pq.ParquetFile(file, pre_buffer=False, buffer_size=STREAM_BUFFER).iter_batches(
-            batch_size=batch_rows, columns=read_cols)
+        pf = pq.ParquetFile(file, pre_buffer=False, buffer_size=STREAM_BUFFER)
+        footer_rows = pf.metadata.num_rows
+        batches = pf.iter_batches(batch_size=batch_rows, columns=read_cols)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=plan.name,
                          file=file) from exc
     row0 = 0
     for batch in _guard(batches, plan.name, file):
+        if row0 + batch.num_rows > footer_rows:
+            _check_row_count(plan.name, file, row0 + batch.num_rows, footer_rows)
         table = normalize(plan.name, pa.Table.from_batches([batch]), plan.columns, file, row0)
         row0 += batch.num_rows
         yield from table.combine_chunks().to_batches()
+    _check_row_count(plan.name, file, row0, footer_rows)
 
 
 def _guard(batches: Iterable, name: str, file: Path):

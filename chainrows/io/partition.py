@@ -92,6 +92,9 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
                     writers[b].write_table(sorted_batch.slice(cuts[b], cuts[b + 1] - cuts[b]))
                 if progress is not None:
                     progress.advance(batch.nbytes)
+                del batch, sorted_batch
+                # Arrow's allocator keeps freed pages; give them back so RSS tracks live data
+                pa.default_memory_pool().release_unused()
         finally:
             for w in writers:
                 w.close()

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from chainrows.io.write import WRITE_OPTIONS
 
-ROWS_GROUP_TOKENS = 8 << 20
+ROWS_GROUP_TOKENS = 2 << 20
 GROUP_ROWS = 65536
 
 

@@ -1,0 +1,1012 @@
+"""Fuzzing: hostile input never crashes the CLI or the engine, never loses a rollout and never
+yields a wrong row (issue "Robustness").
+
+Every case ends in one of two ways, and the tests check which one is right:
+
+- the input is usable (SPEC §2): exit 0, and the output equals what ``chainrows.reference`` (the
+  pure-Python oracle) decides on the tables as the reader returns them, row for row, masks and
+  reason codes included, and ``chainrows.check.reconcile`` finds nothing;
+- the input is unusable: exit 2 and exactly one line on stderr, ``chainrows: error: ...``,
+  naming the table and (where there is one) the column or the file.
+
+Never a signal (segfault, abort), a hang, a traceback, exit 1 or a partial output. The CLI
+runs in a long-lived worker process (``CliWorker``) so a crash is seen as a crash, with the
+input that caused it, instead of killing pytest; the worker pays the numba/pyarrow start-up once.
+
+Strategies (hypothesis, bounded example counts so the module runs in well under a minute):
+
+- ``mutations``: hostile *values* in otherwise well-typed tables: int64 extremes in the length
+  fields, chain hashes, tokens shorter/longer than delta_len, null/empty lists, NaN/inf
+  logprobs and rewards, empty/NUL/huge/Unicode ids, duplicated and dropped rows, ids in one
+  table only, dangling/self/cyclic parents, shuffled row order;
+- ``variants``: accepted physical variations (large types, dictionary strings, narrow ints,
+  extra columns, tables split into part files, row groups of one row, other codecs): output
+  must not change;
+- ``faults``: unusable input (missing table/column, wrong types, nulls where none are allowed,
+  invalid UTF-8, uint64 above int64, non-Parquet, empty and truncated files);
+- byte-level corruption of a real synth dataset's files (bit flips, overwritten ranges,
+  truncation);
+- engine level: the same hostile tables fed to ``chainrows.reassemble`` directly, and corrupted
+  ``Batch`` arrays, which ``Batch.validate`` must refuse before a kernel reads out of bounds.
+
+``tests/corpus/`` keeps the nastiest inputs as JSON (or small Parquet directories); they are
+replayed below as regression tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, assume, given, note, settings
+from hypothesis import strategies as st
+
+from chainrows import reassemble, reference
+from chainrows.check import reconcile
+from chainrows.io.dataset import read_dataset
+from chainrows.io.errors import InputError
+from chainrows.io.schema import (
+    ACCEPTED_FIELD,
+    LEDGER_SCHEMA,
+    LOGPROBS_FIELD,
+    ROLLOUTS_SCHEMA,
+    TOKENS_SCHEMA,
+)
+
+from builders import RolloutBuilder, combine, message, one_call, single_chain, worked_example
+from randomized import random_dataset
+from test_properties import compare_outputs
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(__file__).resolve().parent / "corpus"
+TABLES = ("ledger", "tokens", "rollouts")
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+
+# CHAINROWS_FUZZ_SCALE=10 runs ten times the examples (a nightly job, or a hunt for bugs).
+SCALE = float(os.environ.get("CHAINROWS_FUZZ_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+    return max(1, int(n * SCALE))
+
+
+FUZZ = settings(max_examples=examples(60), deadline=None, derandomize=False, print_blob=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+
+
+# ============================================================================ the CLI worker
+
+_WORKER = r"""
+import json, os, sys, traceback
+proto = os.fdopen(os.dup(1), "w")
+def run(req):
+    if "argv" in req:
+        from chainrows import cli
+        return cli.main(req["argv"])
+    ns = {}
+    exec(req["code"], ns)
+    return ns.get("rc", 0)
+for line in sys.stdin:
+    req = json.loads(line)
+    with open(req["stdout"], "wb") as fo, open(req["stderr"], "wb") as fe:
+        sys.stdout.flush(); sys.stderr.flush()
+        s1, s2 = os.dup(1), os.dup(2)
+        os.dup2(fo.fileno(), 1); os.dup2(fe.fileno(), 2)
+        try:
+            try:
+                rc = run(req)
+            except SystemExit as exc:  # argparse
+                rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:  # what `python -m chainrows.cli` would do: traceback, exit 1
+                traceback.print_exc()
+                rc = 1
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os.dup2(s1, 1); os.dup2(s2, 2); os.close(s1); os.close(s2)
+    proto.write(json.dumps({"rc": rc}) + "\n"); proto.flush()
+"""
+
+
+@dataclass
+class CliResult:
+    rc: int | str  # exit code; -N for a signal; "timeout"
+    stdout: str
+    stderr: str
+
+    def __str__(self) -> str:
+        return f"rc={self.rc!r}\n--- stdout\n{self.stdout[-2000:]}\n--- stderr\n{self.stderr[-4000:]}"
+
+
+class CliWorker:
+    """Runs ``chainrows.cli.main(argv)`` (or a code snippet) in a persistent child process, with
+    its fds 1 and 2 captured per request. A crash or a hang kills only the worker, which is
+    restarted for the next request."""
+
+    def __init__(self):
+        self.proc = None
+        self.tmp = Path(tempfile.mkdtemp(prefix="chainrows-worker-"))
+        self.started = 0
+
+    def _start(self):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+        env.pop("CHAINROWS_DEBUG", None)
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, cwd=str(REPO), env=env)
+        self.started += 1
+
+    def _request(self, req: dict, timeout: float) -> CliResult:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        out, err = self.tmp / "stdout", self.tmp / "stderr"
+        for f in (out, err):
+            f.unlink(missing_ok=True)
+        req = dict(req, stdout=str(out), stderr=str(err))
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(timeout)
+        sel.close()
+        line = self.proc.stdout.readline() if ready else b""
+        text = lambda f: f.read_text(errors="replace") if f.exists() else ""  # noqa: E731
+        if not ready:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+            return CliResult("timeout", text(out), text(err))
+        if not line:  # the worker died
+            rc = self.proc.wait()
+            self.proc = None
+            return CliResult(rc if rc < 0 else f"died({rc})", text(out), text(err))
+        return CliResult(json.loads(line)["rc"], text(out), text(err))
+
+    def run(self, *argv, timeout: float = 120) -> CliResult:
+        return self._request({"argv": [str(a) for a in argv]}, timeout)
+
+    def exec(self, code: str, timeout: float = 120) -> CliResult:
+        """Run a code snippet in the worker; it sets ``rc`` (default 0)."""
+        return self._request({"code": code}, timeout)
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cli():
+    worker = CliWorker()
+    yield worker
+    worker.close()
+
+
+def assert_clean_error(res: CliResult, *needles: str) -> str:
+    """Exit 2, exactly one line on stderr, ``chainrows: error: ...`` holding every needle."""
+    assert res.rc == 2, str(res)
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and res.stderr.endswith("\n"), f"stderr is not one line:\n{res}"
+    line = lines[0]
+    assert line.startswith("chainrows: error: "), str(res)
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in the error line:\n{res}"
+    return line
+
+
+def assert_ran(res: CliResult) -> None:
+    """Exit 0, nothing on stderr (no warning, no traceback)."""
+    assert res.rc == 0 and res.stderr == "", str(res)
+
+
+# ============================================================================ datasets on disk
+
+CANONICAL = {
+    "ledger": LEDGER_SCHEMA,
+    "tokens": TOKENS_SCHEMA,
+    "rollouts": ROLLOUTS_SCHEMA,
+}
+
+
+def schemas(logprobs: bool, accepted: bool) -> dict:
+    return {
+        "ledger": LEDGER_SCHEMA,
+        "tokens": TOKENS_SCHEMA.append(LOGPROBS_FIELD) if logprobs else TOKENS_SCHEMA,
+        "rollouts": ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD) if accepted else ROLLOUTS_SCHEMA,
+    }
+
+
+def build_tables(data: "Data") -> dict[str, pa.Table]:
+    sch = schemas(data.logprobs, data.accepted)
+    out = {}
+    for name, rows in zip(TABLES, (data.ledger, data.tokens, data.rollouts)):
+        rows = [{f.name: r.get(f.name) for f in sch[name]} for r in rows]
+        out[name] = pa.Table.from_pylist(rows, schema=sch[name])
+    return out
+
+
+def write_table(root: Path, name: str, table, *, parts: int = 1, **options) -> None:
+    """``table``: a pa.Table (``parts`` > 1: a directory of that many part files, same content
+    order), raw bytes (written as ``<name>.parquet``), or None (no table)."""
+    if table is None:
+        return
+    if isinstance(table, (bytes, bytearray)):
+        (root / f"{name}.parquet").write_bytes(table)
+        return
+    if parts <= 1:
+        pq.write_table(table, root / f"{name}.parquet", **options)
+        return
+    folder = root / name
+    folder.mkdir()
+    cuts = np.linspace(0, table.num_rows, parts + 1).astype(int)
+    for i in range(parts):
+        pq.write_table(table.slice(cuts[i], cuts[i + 1] - cuts[i]),
+                       folder / f"part-{i:05d}.parquet", **options)
+    (folder / "_SUCCESS").write_bytes(b"")
+    (folder / ".part-00000.parquet.crc").write_bytes(b"\x00garbage")
+
+
+def write_dir(root: Path, tables: dict, **options) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name in TABLES:
+        write_table(root, name, tables.get(name), **options)
+    return root
+
+
+# ============================================================================ base inputs
+
+@dataclass
+class Data:
+    ledger: list
+    tokens: list
+    rollouts: list
+    logprobs: bool
+    accepted: bool
+
+    def copy(self) -> "Data":
+        return copy.deepcopy(self)
+
+
+def _from_builders(*parts, logprobs=False):
+    ledger, tokens, rollouts = combine(*parts)
+    accepted = any("accepted_response_ids" in r for r in rollouts)
+    if accepted:
+        for r in rollouts:
+            r.setdefault("accepted_response_ids", None)
+    return Data(ledger, tokens, rollouts, logprobs, accepted)
+
+
+def base_data(kind: int, seed: int) -> Data:
+    """A small valid (mostly ok) input; ``kind`` picks its shape."""
+    lp = bool(seed % 2)
+    if kind == 0:
+        return _from_builders(worked_example("wx", logprobs=lp), logprobs=lp)
+    if kind == 1:
+        return _from_builders(single_chain("sc", logprobs=lp), one_call("solo", "g2", 0.0, logprobs=lp),
+                              logprobs=lp)
+    if kind == 2:
+        b = worked_example("acc", "g", 0.5, logprobs=lp)
+        b.output(["c1", "c2", "c3", "c5"], accepted_calls=["c1", "c2", "c3", "c5"])
+        return _from_builders(b, worked_example("wx2", "g", 0.0, logprobs=lp, twin=True),
+                              single_chain("sc", "g", 1.0, logprobs=lp), logprobs=lp)
+    ledger, tokens, rollouts, options = random_dataset(seed, n_rollouts=4, corrupt=0.2)
+    accepted = any("accepted_response_ids" in r for r in rollouts)
+    return Data(ledger, tokens, rollouts, options["logprobs"], accepted)
+
+
+# ============================================================================ hostile values
+
+INT_POOL = (0, 1, -1, 2, 2**31 - 1, 2**31, 2**32 + 1, 2**53 + 1, 2**62, INT64_MAX, INT64_MAX - 1,
+            INT64_MIN, INT64_MIN + 1, -(2**62))
+HASH_POOL = (0, 1, 2**63, 2**64 - 1, 0x9E3779B97F4A7C15)
+TOKEN_POOL = (0, -1, 2**31 - 1, -(2**31), 151_000)
+ID_POOL = ("", " ", "\x00", "a\x00b", "é", "\U0001F642", "\u202eevil", "x" * 3000, "r_s0", "wx_s1",
+           "None", "null", "c1", "resp-c1", "ghost", "\n", "\ud7ff")
+FLOAT_POOL = (math.nan, math.inf, -math.inf, None, 1e308, -0.0, 5e-324)
+KEY_POOL = (0, 1, 2**63, 2**64 - 1)
+
+
+def _pick(draw, seq, label):
+    return draw(st.sampled_from(seq), label=label)
+
+
+def _index(draw, seq, label):
+    assume(len(seq) > 0)
+    return draw(st.integers(0, len(seq) - 1), label=label)
+
+
+def m_int_field(d: Data, draw):
+    i = _index(draw, d.ledger, "ledger row")
+    field = _pick(draw, ("prev_len", "delta_len", "gen_len"), "field")
+    row = d.ledger[i]
+    value = draw(st.one_of(st.sampled_from(INT_POOL),
+                           st.sampled_from((row[field] - 1, row[field] + 1)).filter(
+                               lambda v: INT64_MIN <= v <= INT64_MAX)), label="value")
+    row[field] = value
+
+
+def m_overflow(d: Data, draw):
+    """prev_len/delta_len whose int64 sum wraps around to the child's recorded prev_len."""
+    by_id = {(r["rollout_id"], r["call_id"]): r for r in d.ledger}
+    kids = [r for r in d.ledger if r["parent_id"] is not None
+            and (r["rollout_id"], r["parent_id"]) in by_id]
+    assume(kids)
+    child = kids[_index(draw, kids, "child")]
+    parent = by_id[(child["rollout_id"], child["parent_id"])]
+    parent["prev_len"] = INT64_MAX - parent["delta_len"] + 1
+    child["prev_len"] = INT64_MIN  # what a wrapping int64 sum would give
+
+
+def m_chain_hash(d: Data, draw):
+    d.ledger[_index(draw, d.ledger, "ledger row")]["chain_hash"] = _pick(draw, HASH_POOL, "hash")
+
+
+def m_tokens(d: Data, draw):
+    t = d.tokens[_index(draw, d.tokens, "token row")]
+    how = _pick(draw, ("truncate", "extend", "empty", "null", "value"), "how")
+    toks = t["tokens"] or []
+    if how == "truncate" and toks:
+        t["tokens"] = toks[:draw(st.integers(0, len(toks) - 1), label="keep")]
+    elif how == "extend":
+        t["tokens"] = toks + [_pick(draw, TOKEN_POOL, "tok")] * draw(st.integers(1, 3), label="n")
+    elif how == "empty":
+        t["tokens"] = []
+    elif how == "null":
+        t["tokens"] = None
+    elif toks:
+        toks[draw(st.integers(0, len(toks) - 1), label="pos")] = _pick(draw, TOKEN_POOL, "tok")
+    if d.logprobs and how in ("truncate", "extend", "empty", "null") and draw(st.booleans(), label="lp too"):
+        t["logprobs"] = None if t["tokens"] is None else [0.0] * len(t["tokens"])
+
+
+def m_logprobs(d: Data, draw):
+    assume(d.logprobs)
+    t = d.tokens[_index(draw, d.tokens, "token row")]
+    lp = t.get("logprobs")
+    how = _pick(draw, ("value", "null", "short", "long"), "how")
+    if how == "value" and lp:
+        lp[draw(st.integers(0, len(lp) - 1), label="pos")] = _pick(
+            draw, (math.nan, math.inf, -math.inf, -0.0, 1e-45, -3.0), "lp")
+    elif how == "null":
+        t["logprobs"] = None
+    elif how == "short" and lp:
+        t["logprobs"] = lp[:-1]
+    elif how == "long":
+        t["logprobs"] = (lp or []) + [0.0]
+
+
+def m_rename_rollout(d: Data, draw):
+    """Rename a rollout everywhere (decisions unchanged) or in one row only (tables disagree)."""
+    ids = sorted({r["rollout_id"] for r in d.ledger + d.tokens + d.rollouts})
+    assume(ids)
+    old = _pick(draw, ids, "rollout")
+    new = _pick(draw, ID_POOL, "new id")
+    if draw(st.booleans(), label="everywhere"):
+        for r in d.ledger + d.tokens + d.rollouts:
+            if r["rollout_id"] == old:
+                r["rollout_id"] = new
+    else:
+        table = _pick(draw, ("ledger", "tokens", "rollouts"), "table")
+        rows = [r for r in getattr(d, table) if r["rollout_id"] == old]
+        assume(rows)
+        rows[_index(draw, rows, "row")]["rollout_id"] = new
+
+
+def m_rename_call(d: Data, draw):
+    i = _index(draw, d.ledger, "ledger row")
+    row = d.ledger[i]
+    new = _pick(draw, ID_POOL, "new id")
+    where = _pick(draw, ("ledger", "tokens", "both", "parent_refs"), "where")
+    old = row["call_id"]
+    if where in ("ledger", "both", "parent_refs"):
+        row["call_id"] = new
+    if where in ("tokens", "both", "parent_refs"):
+        for t in d.tokens:
+            if t["rollout_id"] == row["rollout_id"] and t["call_id"] == old:
+                t["call_id"] = new
+    if where == "parent_refs":
+        for r in d.ledger:
+            if r["rollout_id"] == row["rollout_id"] and r["parent_id"] == old:
+                r["parent_id"] = new
+
+
+def m_duplicate(d: Data, draw):
+    table = _pick(draw, TABLES, "table")
+    rows = getattr(d, table)
+    i = _index(draw, rows, "row")
+    dup = copy.deepcopy(rows[i])
+    if table == "rollouts" and draw(st.booleans(), label="other reward"):
+        dup["reward"] = 0.125
+    if table == "tokens" and draw(st.booleans(), label="other tokens"):
+        dup["tokens"] = (dup["tokens"] or []) + [7]
+    pos = draw(st.integers(i + 1, len(rows)), label="at")
+    rows.insert(pos, dup)
+
+
+def m_drop(d: Data, draw):
+    table = _pick(draw, TABLES, "table")
+    rows = getattr(d, table)
+    del rows[_index(draw, rows, "row")]
+
+
+def m_orphan(d: Data, draw):
+    """Ids in one table only."""
+    rid = _pick(draw, ("orphan", "", "wx", "\x00"), "rollout id")
+    table = _pick(draw, TABLES, "table")
+    if table == "ledger":
+        d.ledger.append(dict(rollout_id=rid, call_id="c1", parent_id=None, response_id="r1",
+                             prev_len=0, delta_len=1, gen_len=1, chain_hash=0, item_keys=[1],
+                             item_ids=None, failed=False))
+    elif table == "tokens":
+        t = dict(rollout_id=rid, call_id=_pick(draw, ("c1", "nope"), "call"), tokens=[1, 2])
+        if d.logprobs:
+            t["logprobs"] = [0.0, -1.0]
+        d.tokens.append(t)
+    else:
+        r = dict(rollout_id=rid, group_id="g", reward=1.0, output_keys=[1], output_ids=None,
+                 terminal_response_id=None)
+        if d.accepted:
+            r["accepted_response_ids"] = None
+        d.rollouts.append(r)
+
+
+def m_lists(d: Data, draw):
+    which = _pick(draw, ("item_keys", "item_ids", "output_keys", "output_ids"), "column")
+    rows = d.ledger if which.startswith("item") else d.rollouts
+    row = rows[_index(draw, rows, "row")]
+    how = _pick(draw, ("empty", "null", "extra", "key", "id"), "how")
+    cur = row[which]
+    if how == "empty":
+        row[which] = []
+    elif how == "null":
+        row[which] = None
+    elif how == "extra":
+        row[which] = (cur or []) + ([_pick(draw, KEY_POOL, "key")] if which.endswith("keys")
+                                    else [_pick(draw, ID_POOL[:6], "id")])
+    elif how == "key" and which.endswith("keys") and cur:
+        cur[draw(st.integers(0, len(cur) - 1), label="pos")] = _pick(draw, KEY_POOL, "key")
+    elif how == "id" and which.endswith("ids") and cur:
+        cur[draw(st.integers(0, len(cur) - 1), label="pos")] = draw(
+            st.sampled_from((None, "", "msg_1", "rs_1", "fc_1", "\x00")), label="id")
+
+
+def m_parent(d: Data, draw):
+    row = d.ledger[_index(draw, d.ledger, "ledger row")]
+    same = [r["call_id"] for r in d.ledger if r["rollout_id"] == row["rollout_id"]]
+    row["parent_id"] = draw(st.sampled_from([None, "ghost", "", row["call_id"]] + same), label="parent")
+
+
+def m_response(d: Data, draw):
+    row = d.ledger[_index(draw, d.ledger, "ledger row")]
+    same = [r["response_id"] for r in d.ledger if r["rollout_id"] == row["rollout_id"]]
+    row["response_id"] = draw(st.sampled_from(["", "\x00", "ghost"] + same), label="response")
+
+
+def m_terminal(d: Data, draw):
+    row = d.rollouts[_index(draw, d.rollouts, "rollouts row")]
+    resp = [r["response_id"] for r in d.ledger if r["rollout_id"] == row["rollout_id"]]
+    row["terminal_response_id"] = draw(st.sampled_from([None, "", "ghost"] + resp), label="terminal")
+
+
+def m_accepted(d: Data, draw):
+    assume(d.accepted)
+    row = d.rollouts[_index(draw, d.rollouts, "rollouts row")]
+    resp = [r["response_id"] for r in d.ledger if r["rollout_id"] == row["rollout_id"]]
+    row["accepted_response_ids"] = draw(st.sampled_from(
+        [None, [], [None], resp, resp[::-1], resp + resp[:1], ["ghost"]]), label="accepted")
+
+
+def m_failed(d: Data, draw):
+    d.ledger[_index(draw, d.ledger, "ledger row")]["failed"] = True
+
+
+def m_reward(d: Data, draw):
+    d.rollouts[_index(draw, d.rollouts, "rollouts row")]["reward"] = _pick(draw, FLOAT_POOL, "reward")
+
+
+def m_group(d: Data, draw):
+    row = d.rollouts[_index(draw, d.rollouts, "rollouts row")]
+    row["group_id"] = draw(st.sampled_from([None, "", "g", "g2", "\x00", "x" * 3000]), label="group")
+
+
+def m_shuffle(d: Data, draw):
+    """Reorder rows without changing any rollout's capture order (output must not change)."""
+    rng = random.Random(draw(st.integers(0, 2**32 - 1), label="shuffle seed"))
+    rng.shuffle(d.tokens)
+    queues: dict = {}
+    for r in d.ledger:
+        queues.setdefault(r["rollout_id"], []).append(r)
+    ledger, live = [], list(queues)
+    while live:
+        rid = rng.choice(live)
+        ledger.append(queues[rid].pop(0))
+        if not queues[rid]:
+            live.remove(rid)
+    d.ledger = ledger
+    firsts: dict = {}
+    for r in d.rollouts:
+        firsts.setdefault(r["rollout_id"], []).append(r)
+    keys = list(firsts)
+    rng.shuffle(keys)
+    d.rollouts = [r for k in keys for r in firsts[k]]
+
+
+MUTATIONS = {f.__name__[2:]: f for f in (
+    m_int_field, m_overflow, m_chain_hash, m_tokens, m_logprobs, m_rename_rollout, m_rename_call,
+    m_duplicate, m_drop, m_orphan, m_lists, m_parent, m_response, m_terminal, m_accepted,
+    m_failed, m_reward, m_group, m_shuffle)}
+
+
+def draw_hostile(draw, max_mutations: int = 3) -> tuple[Data, list[str]]:
+    kind = draw(st.integers(0, 3), label="base kind")
+    seed = draw(st.integers(0, 10_000), label="base seed")
+    data = base_data(kind, seed)
+    names = draw(st.lists(st.sampled_from(sorted(MUTATIONS)), min_size=0, max_size=max_mutations),
+                 label="mutations")
+    for name in names:
+        MUTATIONS[name](data, draw)
+    return data, names
+
+
+# ============================================================================ physical variants
+
+def _set(table: pa.Table, col: str, arr) -> pa.Table:
+    i = table.schema.get_field_index(col)
+    return table.set_column(i, pa.field(col, arr.type), arr)
+
+
+def _fits(arr, t: pa.DataType) -> bool:
+    if len(arr) == 0 or arr.null_count == len(arr):
+        return True
+    mm = pa.compute.min_max(arr).as_py()
+    info = np.iinfo(t.to_pandas_dtype())
+    return info.min <= mm["min"] and mm["max"] <= info.max
+
+
+INT_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64())
+
+
+def _variant_column(table: pa.Table, col: str, draw) -> pa.Table:
+    arr = table.column(col).combine_chunks()
+    t = arr.type
+    if pa.types.is_string(t):
+        how = _pick(draw, ("large", "dict", "view"), f"{col} as")
+        new = {"large": lambda: arr.cast(pa.large_string()),
+               "dict": lambda: arr.dictionary_encode(),
+               "view": lambda: arr.cast(pa.string_view())}[how]()
+    elif pa.types.is_list(t):
+        item = t.value_type
+        if pa.types.is_string(item) and draw(st.booleans(), label=f"{col} large items"):
+            item = pa.large_string()
+        new = arr.cast(pa.large_list(item) if draw(st.booleans(), label=f"{col} large") else pa.list_(item))
+    elif t == pa.int64():
+        fitting = [x for x in INT_TYPES if _fits(arr, x)]
+        if not fitting:
+            return table
+        new = arr.cast(_pick(draw, fitting, f"{col} as"))
+    else:
+        return table
+    return _set(table, col, new)
+
+
+def apply_variants(tables: dict, draw) -> tuple[dict, dict]:
+    """Accepted physical variations; returns (tables, write options)."""
+    tables = dict(tables)
+    for name in TABLES:
+        t = tables[name]
+        cols = draw(st.lists(st.sampled_from(t.column_names), max_size=3, unique=True),
+                    label=f"{name} retyped")
+        for col in cols:
+            t = _variant_column(t, col, draw)
+        if draw(st.booleans(), label=f"{name} extra columns"):
+            n = t.num_rows
+            t = t.append_column("extra_struct", pa.array([{"a": i, "b": [str(i)]} for i in range(n)]))
+            t = t.append_column("__index_level_0__", pa.array(range(n), pa.int64()))
+            t = t.append_column("binary_junk", pa.array([b"\xff\x00"] * n, pa.binary()))
+        if draw(st.booleans(), label=f"{name} reversed columns"):
+            t = t.select(t.column_names[::-1])
+        tables[name] = t
+    options = dict(
+        compression=_pick(draw, ("snappy", "zstd", "none", "gzip", "lz4"), "codec"),
+        use_dictionary=draw(st.booleans(), label="dictionary"),
+        data_page_version=_pick(draw, ("1.0", "2.0"), "page version"),
+    )
+    rg = _pick(draw, (None, 1, 2, 3), "row group size")
+    if rg:
+        options["row_group_size"] = rg
+    return tables, options
+
+
+# ============================================================================ faults (exit 2)
+
+WRONG_TYPES = {
+    "int": (pa.float64(), pa.string(), pa.bool_()),
+    "chain_hash": (pa.int64(), pa.float64(), pa.string()),
+    "reward": (pa.float32(), pa.string(), pa.int64()),
+    "failed": (pa.int8(), pa.string()),
+    "string": (pa.binary(), pa.int64()),
+    "list": (pa.list_(pa.int64()), pa.list_(pa.float64()), pa.string()),
+}
+
+
+def _wrong_array(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    n = len(arr)
+    if pa.types.is_list(target):
+        return pa.array([[1]] * n, target)
+    if pa.types.is_string(target):
+        return pa.array(["1"] * n, target)
+    if pa.types.is_binary(target):
+        return pa.array([b"x"] * n, target)
+    if pa.types.is_boolean(target):
+        return pa.array([True] * n, target)
+    if pa.types.is_floating(target):
+        return pa.array([1.0] * n, target)
+    return pa.array([1] * n, target)
+
+
+def _category(table_name: str, col: str, t: pa.DataType) -> str:
+    if col in ("chain_hash", "reward", "failed"):
+        return col
+    if pa.types.is_list(t):
+        return "list"
+    if pa.types.is_string(t):
+        return "string"
+    return "int"
+
+
+def _invalid_utf8(arr: pa.Array, row: int) -> pa.Array:
+    """The same strings, with row ``row`` turned into invalid UTF-8 bytes."""
+    vals = [None if v is None else v.encode() for v in arr.to_pylist()]
+    vals[row] = (vals[row] or b"") + b"\xff\xfe\xc3"
+    b = pa.array(vals, pa.binary())
+    return pa.Array.from_buffers(pa.string(), len(b), b.buffers(), null_count=b.null_count)
+
+
+NOT_NULLABLE = {
+    "ledger": ("rollout_id", "call_id", "response_id", "prev_len", "delta_len", "gen_len",
+               "chain_hash", "failed"),
+    "tokens": ("rollout_id", "call_id"),
+    "rollouts": ("rollout_id",),
+}
+NO_NULL_ENTRIES = {"ledger": ("item_keys",), "tokens": ("tokens", "logprobs"),
+                   "rollouts": ("output_keys",)}
+
+
+def apply_fault(tables: dict, draw, root: Path) -> tuple[dict, list[str], dict]:
+    """One kind of unusable input. Returns (tables, needles for the error line, layout)."""
+    kind = _pick(draw, ("missing_table", "missing_column", "wrong_type", "null", "null_entry",
+                        "uint64_over", "utf8", "dup_column", "not_parquet", "empty_file",
+                        "truncated", "twice", "subdir", "logprobs_some_parts"), "fault")
+    name = _pick(draw, TABLES, "fault table")
+    t = tables[name]
+    tables = dict(tables)
+    layout: dict = {}
+    needles = [f"error: {name}: "]
+    if kind == "missing_table":
+        tables[name] = None
+        needles.append("table not found")
+    elif kind in ("missing_column", "wrong_type", "dup_column"):
+        required = [c for c in CANONICAL[name].names]
+        col = _pick(draw, required, "column")
+        if kind == "missing_column":
+            tables[name] = t.drop_columns([col])
+        elif kind == "dup_column":
+            tables[name] = t.append_column(col, t.column(col))
+        else:
+            target = _pick(draw, WRONG_TYPES[_category(name, col, CANONICAL[name].field(col).type)], "type")
+            if col in ("output_keys", "item_keys") and target == pa.list_(pa.int64()):
+                target = pa.list_(pa.int32())
+            tables[name] = _set(t, col, _wrong_array(t.column(col), target))
+        needles.append(repr(col))
+    elif kind == "null":
+        assume(t.num_rows > 0)
+        col = _pick(draw, NOT_NULLABLE[name], "column")
+        row = _index(draw, range(t.num_rows), "row")
+        vals = t.column(col).to_pylist()
+        vals[row] = None
+        tables[name] = _set(t, col, pa.array(vals, t.schema.field(col).type))
+        needles.append(repr(col))
+    elif kind == "null_entry":
+        cols = [c for c in NO_NULL_ENTRIES[name] if c in t.column_names]
+        col = _pick(draw, cols, "column")
+        vals = t.column(col).to_pylist()
+        rows = [i for i, v in enumerate(vals) if v]
+        assume(rows)
+        row = _pick(draw, rows, "row")
+        vals[row][_index(draw, vals[row], "pos")] = None
+        tables[name] = _set(t, col, pa.array(vals, t.schema.field(col).type))
+        needles.append(repr(col))
+    elif kind == "uint64_over":
+        assume(name == "ledger" and t.num_rows > 0)
+        col = _pick(draw, ("prev_len", "delta_len", "gen_len"), "column")
+        vals = [v if v >= 0 else 0 for v in t.column(col).to_pylist()]
+        vals[_index(draw, vals, "row")] = INT64_MAX + 1 + draw(st.integers(0, 2**63 - 1), label="over")
+        tables[name] = _set(t, col, pa.array(vals, pa.uint64()))
+        needles += [repr(col), "int64 range"]
+    elif kind == "utf8":
+        cols = [c for c in ("rollout_id", "call_id", "parent_id", "response_id", "group_id",
+                            "terminal_response_id") if c in t.column_names]
+        col = _pick(draw, cols, "column")
+        assume(t.num_rows > 0)
+        row = _index(draw, range(t.num_rows), "row")
+        tables[name] = _set(t, col, _invalid_utf8(t.column(col).combine_chunks(), row))
+        needles += [repr(col), "UTF-8"]
+    elif kind == "not_parquet":
+        tables[name] = b"rollout_id,call_id\nr,c\n"
+        needles.append("unreadable Parquet file")
+    elif kind == "empty_file":
+        tables[name] = b""
+        needles.append("unreadable Parquet file")
+    elif kind == "truncated":
+        path = root.parent / f".{name}-full.parquet"
+        pq.write_table(t, path)
+        data = path.read_bytes()
+        path.unlink()
+        keep = draw(st.integers(0, len(data) - 1), label="keep bytes")
+        tables[name] = data[:keep]
+        needles.append("unreadable Parquet file")
+    elif kind == "twice":
+        layout["twice"] = name
+        needles.append("table stored twice")
+    elif kind == "subdir":
+        layout["subdir"] = name
+        needles.append("subdirectory")
+    elif kind == "logprobs_some_parts":
+        assume(name == "tokens" and "logprobs" in t.column_names and t.num_rows >= 2)
+        layout["lp_parts"] = True
+        needles.append("'logprobs'")
+    return tables, needles, layout
+
+
+def write_case(root: Path, tables: dict, options: dict, layout: dict, parts: dict) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name in TABLES:
+        t = tables[name]
+        if layout.get("lp_parts") and name == "tokens":
+            folder = root / "tokens"
+            folder.mkdir()
+            half = t.num_rows // 2
+            pq.write_table(t.slice(0, half), folder / "part-0.parquet", **options)
+            pq.write_table(t.slice(half).drop_columns(["logprobs"]), folder / "part-1.parquet", **options)
+            continue
+        twice = layout.get("twice") == name
+        write_table(root, name, t, parts=1 if twice else parts.get(name, 1), **options)
+        if twice:
+            (root / name).mkdir(exist_ok=True)
+            pq.write_table(tables[name], root / name / "part-0.parquet")
+        if layout.get("subdir") == name:
+            folder = root / name
+            if not folder.exists():
+                folder.mkdir()
+                (root / f"{name}.parquet").rename(folder / "part-0.parquet")
+            (folder / "nested").mkdir()
+    return root
+
+
+# ============================================================================ the oracle
+
+def read_output(out: Path) -> tuple[pa.Table, pa.Table]:
+    def one(name):
+        for form in (out / f"{name}.parquet", out / name):
+            if form.exists():
+                return pq.read_table(form)
+        raise AssertionError(f"{name} missing in {out}: {sorted(os.listdir(out))}")
+    return one("rows"), one("report")
+
+
+def option_args(opts: dict) -> list[str]:
+    args = ["--mode", opts["mode"], "--baseline", opts["baseline"],
+            "--baseline-population", opts["population"], "--row-weight", opts["row_weight"]]
+    if opts["placeholders"]:
+        args.append("--placeholders")
+    if opts["no_std"]:
+        args.append("--no-std")
+    return args
+
+
+def draw_options(draw) -> dict:
+    return dict(mode=_pick(draw, ("cc", "cc", "ordinary"), "mode"),
+                placeholders=draw(st.booleans(), label="placeholders"),
+                baseline=_pick(draw, ("mean", "loo"), "baseline"),
+                no_std=draw(st.booleans(), label="no_std"),
+                population=_pick(draw, ("all", "ok"), "population"),
+                row_weight=_pick(draw, ("rollout", "row"), "row_weight"))
+
+
+def oracle(dataset, opts: dict):
+    """What the reference decides on the tables as the reader returns them."""
+    ds = read_dataset(dataset) if isinstance(dataset, (str, os.PathLike)) else dataset
+    return reference.reassemble(ds.ledger.to_pylist(), ds.tokens.to_pylist(), ds.rollouts.to_pylist(),
+                                logprobs=ds.has_logprobs, **opts)
+
+
+def check_against_oracle(ctx: str, dataset: Path, rows: pa.Table, report: pa.Table, opts: dict):
+    ds = read_dataset(dataset)
+    want_rows, want_report = oracle(ds, opts)
+    compare_outputs(ctx, rows.to_pylist(), report.to_pylist(), want_rows, want_report)
+    problems = reconcile(ds, rows, report)
+    assert not problems, f"{ctx}\n" + "\n".join(problems)
+
+
+# ============================================================================ CLI fuzzing
+
+@FUZZ
+@given(data=st.data())
+def test_cli_hostile_tables(cli, tmp_path_factory, data):
+    """Hostile values, accepted physical variants and at most one unusable-input fault, written
+    as Parquet and fed to the CLI: a correct result or a one-line exit 2, nothing else."""
+    draw = data.draw
+    d, names = draw_hostile(draw)
+    note(f"mutations: {names}")
+    tables = build_tables(d)
+    tables, wopts = apply_variants(tables, draw)
+    root = tmp_path_factory.mktemp("case") / "data"
+    root.mkdir()
+    fault = draw(st.integers(0, 9), label="fault?") < 3
+    needles, layout = [], {}
+    if fault:
+        tables, needles, layout = apply_fault(tables, draw, root)
+    parts = {n: _pick(draw, (1, 1, 2, 3), f"{n} parts") for n in TABLES}
+    write_case(root, tables, wopts, layout, parts)
+    opts = draw_options(draw)
+    extra = []
+    buckets = _pick(draw, (None, None, 2, 3), "buckets")
+    if buckets:
+        extra += ["--buckets", buckets]
+    if draw(st.booleans(), label="one thread"):
+        extra += ["--threads", 1]
+    out = root.parent / "out"
+    res = cli.run("reassemble", root, out, *option_args(opts), *extra)
+    note(str(res))
+    if fault:
+        assert_clean_error(res, *needles)
+        assert not (out / "rows.parquet").exists() and not (out / "report.parquet").exists()
+        return
+    assert_ran(res)
+    rows, report = read_output(out)
+    check_against_oracle(f"mutations={names}", root, rows, report, opts)
+
+
+# ============================================================================ engine fuzzing
+
+def _normalized(tables: dict):
+    """The tables as the reader would return them (null lists -> empty etc.), for the oracle."""
+    from chainrows.io.dataset import Dataset, check_schema, normalize
+
+    out = {n: normalize(n, t, check_schema(n, t.schema)) for n, t in tables.items()}
+    return Dataset(out["ledger"], out["tokens"], out["rollouts"], {})
+
+
+@settings(FUZZ, max_examples=examples(80))
+@given(data=st.data())
+def test_engine_hostile_tables(data):
+    """``chainrows.reassemble`` on hostile Arrow tables (no Parquet in between): every output row
+    equals the reference's; unusable tables raise InputError and nothing else."""
+    draw = data.draw
+    d, names = draw_hostile(draw)
+    note(f"mutations: {names}")
+    tables = build_tables(d)
+    tables, _ = apply_variants(tables, draw)
+    opts = draw_options(draw)
+    if draw(st.integers(0, 9), label="fault?") < 2:
+        kind = _pick(draw, ("null", "utf8", "wrong_type", "missing_column"), "fault")
+        name = _pick(draw, TABLES, "table")
+        t = tables[name]
+        if kind == "missing_column":
+            tables[name] = t.drop_columns([_pick(draw, CANONICAL[name].names, "column")])
+        elif kind == "wrong_type":
+            col = _pick(draw, CANONICAL[name].names, "column")
+            target = _pick(draw, WRONG_TYPES[_category(name, col, CANONICAL[name].field(col).type)], "type")
+            tables[name] = _set(t, col, _wrong_array(t.column(col), target))
+        else:
+            assume(t.num_rows > 0)
+            col = _pick(draw, ("rollout_id",) if kind == "utf8" else NOT_NULLABLE[name], "column")
+            row = _index(draw, range(t.num_rows), "row")
+            if kind == "utf8":
+                arr = _invalid_utf8(t.column(col).combine_chunks(), row)
+            else:
+                vals = t.column(col).to_pylist()
+                vals[row] = None
+                arr = pa.array(vals, t.schema.field(col).type)
+            tables[name] = _set(t, col, arr)
+        with pytest.raises(InputError) as err:
+            reassemble(tables["ledger"], tables["tokens"], tables["rollouts"], mode=opts["mode"])
+        assert "\n" not in str(err.value) and str(err.value).startswith(f"{name}: ")
+        return
+    result = reassemble(tables["ledger"], tables["tokens"], tables["rollouts"], mode=opts["mode"],
+                        placeholders=opts["placeholders"], baseline=opts["baseline"],
+                        no_std=opts["no_std"], baseline_population=opts["population"],
+                        row_weight=opts["row_weight"])
+    ds = _normalized(tables)
+    want_rows, want_report = oracle(ds, opts)
+    compare_outputs(f"mutations={names}", result.rows.to_pylist(), result.report.to_pylist(),
+                    want_rows, want_report)
+    problems = reconcile(ds, result.rows, result.report)
+    assert not problems, "\n".join(problems)
+
+
+# ============================================================================ byte corruption
+
+@pytest.fixture(scope="module")
+def small_synth(tmp_path_factory):
+    from chainrows.synth import write_synth_dataset
+
+    root = tmp_path_factory.mktemp("synth") / "data"
+    write_synth_dataset(root, 24, seed=11, corrupt_rate=0.3, mean_gen_tokens=40, prompt_tokens=60)
+    return root
+
+
+CODECS = ("snappy", "zstd", "none", "gzip")
+
+
+@settings(FUZZ, max_examples=examples(60))
+@given(data=st.data())
+def test_cli_corrupted_parquet_bytes(cli, small_synth, tmp_path_factory, data):
+    """Flip, overwrite or cut bytes of a real dataset's Parquet files: the CLI either reports
+    an unreadable file (exit 2, one line naming table and file) or, when the damaged bytes
+    still decode, its output is exactly what the reference decides on what the reader reads."""
+    draw = data.draw
+    root = tmp_path_factory.mktemp("bytes") / "data"
+    root.mkdir()
+    codec = _pick(draw, CODECS, "codec")
+    page = _pick(draw, ("1.0", "2.0"), "page version")
+    for name in TABLES:
+        t = pq.read_table(small_synth / f"{name}.parquet")
+        pq.write_table(t, root / f"{name}.parquet", compression=codec, data_page_version=page,
+                       row_group_size=_pick(draw, (None, 16, 64), f"{name} row groups"))
+    name = _pick(draw, TABLES, "table")
+    path = root / f"{name}.parquet"
+    raw = bytearray(path.read_bytes())
+    how = _pick(draw, ("flip", "flip", "overwrite", "truncate", "zero", "footer"), "how")
+    n = len(raw)
+    if how == "flip":
+        for _ in range(draw(st.integers(1, 4), label="flips")):
+            pos = draw(st.integers(0, n - 1), label="pos")
+            raw[pos] ^= 1 << draw(st.integers(0, 7), label="bit")
+    elif how == "overwrite":
+        pos = draw(st.integers(0, n - 1), label="pos")
+        junk = draw(st.binary(min_size=1, max_size=16), label="junk")
+        raw[pos:pos + len(junk)] = junk
+    elif how == "truncate":
+        raw = raw[:draw(st.integers(0, n - 1), label="keep")]
+    elif how == "zero":
+        pos = draw(st.integers(0, n - 1), label="pos")
+        raw[pos:pos + draw(st.integers(1, 256), label="len")] = bytes(min(256, n - pos))[: n - pos]
+        raw = raw[:n]
+    else:  # inside the footer (metadata: row counts, offsets, types)
+        pos = n - 8 - draw(st.integers(1, min(400, n - 9)), label="from end")
+        raw[pos] = draw(st.integers(0, 255), label="byte")
+    path.write_bytes(bytes(raw))
+    opts = draw_options(draw)
+    buckets = _pick(draw, (None, 3), "buckets")
+    out = root.parent / "out"
+    res = cli.run("reassemble", root, out, *option_args(opts), *(["--buckets", buckets] if buckets else []))
+    note(f"{how} {name} {codec} page {page}\n{res}")
+    if res.rc == 2:
+        assert_clean_error(res, f"error: {name}: ", str(path))
+        return
+    assert_ran(res)
+    rows, report = read_output(out)
+    check_against_oracle(f"{how} {name}", root, rows, report, opts)
