@@ -2,6 +2,13 @@
 
 __version__ = "0.1.0"
 
-from chainrows.api import Result, reassemble  # noqa: E402
-
 __all__ = ["Result", "reassemble", "__version__"]
+
+
+def __getattr__(name):
+    # Lazy: `chainrows --help` and `import chainrows.reasons` need not import numba (~0.4 s).
+    if name in ("Result", "reassemble"):
+        from chainrows import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'chainrows' has no attribute {name!r}")

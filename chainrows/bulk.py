@@ -33,10 +33,12 @@ from chainrows.io.write import AtomicOutput
 from chainrows.progress import Progress, human_bytes
 
 DEFAULT_BUDGET = 4 << 30  # a laptop's worth
-# Peak RSS of the in-memory path relative to the uncompressed input, measured on synth data
-# (input arrays + Batch + gathered rows + Arrow output tables + writer buffers).
-PEAK_FACTOR = 4.0
-BASE_RSS = 300 << 20  # interpreter + numba + pyarrow before any data
+# Peak RSS of one in-memory reassembly over its uncompressed input, measured on synth data:
+# ~11x for a 41 MB bucket (input tables + combined token/logprob buffers + Batch + gathered
+# rows + Arrow output tables + writer buffers). Spill buckets are sized with it.
+PEAK_FACTOR = 12.0
+BASE_RSS = 256 << 20  # interpreter + numba + pyarrow + compiled kernels and thread pools, measured ~250 MB
+READER_BYTES = 6 << 20  # Arrow keeps ~4-5 MB of buffers per open Parquet reader (measured)
 
 
 @dataclass
@@ -223,7 +225,8 @@ def _run_partitioned(dataset_dir, work: Path, k, opts, budget, total, summary, r
     if not (work / "partitioned").exists():
         shutil.rmtree(spill, ignore_errors=True)
         bar = Progress("partition", total, enabled=progress)
-        partition(dataset_dir, spill, k, _batch_rows(dataset_dir, budget), bar)
+        partition(dataset_dir, spill, k, _batch_rows(dataset_dir, budget), bar,
+                  buffer_bytes=max(8 << 20, (budget - BASE_RSS) // 4))
         bar.close()
         (work / "partitioned").touch()
     bar = Progress("reassemble", k, enabled=progress, unit="buckets")
@@ -242,15 +245,17 @@ def _run_partitioned(dataset_dir, work: Path, k, opts, budget, total, summary, r
             del result
             _write_atomic(done, json.dumps(part.to_json()))
             for name in ("ledger", "tokens", "rollouts"):
-                (d / f"{name}.parquet").unlink(missing_ok=True)
+                shutil.rmtree(d / name, ignore_errors=True)
             pa.default_memory_pool().release_unused()
         summary.merge(Summary.from_json(json.loads(done.read_text())))
         outs.append((rows_f, report_f))
         bar.advance(1)
     bar.close()
-    merge_rows = max(16, budget // (8 * k * max(_avg_row_bytes(outs), 1)))
-    _merge_sorted([o[0] for o in outs], rows_w, int(merge_rows))
-    _merge_sorted([o[1] for o in outs], report_w, 65536)
+    fan_in = max(2, (budget - BASE_RSS) // (4 * READER_BYTES))
+    row_bytes = max(_avg_row_bytes(outs), 1)
+    merge_rows = int(max(16, (budget - BASE_RSS) // (16 * min(k, fan_in) * row_bytes)))
+    _merge_tree([o[0] for o in outs], rows_w, merge_rows, fan_in, spill / "merge-rows")
+    _merge_tree([o[1] for o in outs], report_w, 65536, fan_in, spill / "merge-report")
 
 
 def _write_spill(table: pa.Table, path: Path, group_rows: int) -> None:
@@ -283,10 +288,46 @@ def _batch_rows(dataset_dir, budget) -> int:
         md = pq.ParquetFile(f).metadata
         size += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
     per_row = max(size / max(rows, 1), 1.0)
-    return int(max(256, min(1 << 20, (budget / 16) / per_row)))
+    return int(max(64, min(1 << 20, (budget / 64) / per_row)))
 
 
-def _merge_sorted(files, writer: RowGroupWriter, batch_rows: int) -> None:
+class _SpillWriter:
+    """Writer for intermediate merge runs: small row groups, fast compression."""
+
+    def __init__(self, path: Path, schema: pa.Schema, group_rows: int):
+        self._w = pq.ParquetWriter(path, schema, compression="lz4", use_dictionary=False)
+        self.group_rows = group_rows
+
+    def write(self, table: pa.Table) -> None:
+        self._w.write_table(table, row_group_size=self.group_rows)
+
+    def close(self) -> None:
+        self._w.close()
+
+
+def _merge_tree(files, writer, batch_rows: int, fan_in: int, scratch: Path) -> None:
+    """Merge sorted files into ``writer``, at most ``fan_in`` open at once (extra rounds if needed)."""
+    level = 0
+    while len(files) > fan_in:
+        scratch.mkdir(parents=True, exist_ok=True)
+        merged = []
+        for i in range(0, len(files), fan_in):
+            group = files[i:i + fan_in]
+            path = scratch / f"run-{level}-{i // fan_in:05d}.parquet"
+            w = _SpillWriter(path, pq.read_schema(group[0]), batch_rows)
+            try:
+                _merge_sorted(group, w, batch_rows)
+            finally:
+                w.close()
+            if level:  # intermediate runs only: bucket outputs stay for --resume
+                for f in group:
+                    Path(f).unlink(missing_ok=True)
+            merged.append(path)
+        files, level = merged, level + 1
+    _merge_sorted(files, writer, batch_rows)
+
+
+def _merge_sorted(files, writer, batch_rows: int) -> None:
     """k-way merge of files sorted by rollout_id (ids disjoint across files), batch at a time."""
     # one buffered stream per column per file: keep each small, k files are open at once
     iters = [pq.ParquetFile(f, pre_buffer=False, buffer_size=64 << 10).iter_batches(batch_size=batch_rows, use_threads=False)

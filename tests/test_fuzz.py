@@ -324,7 +324,11 @@ HASH_POOL = (0, 1, 2**63, 2**64 - 1, 0x9E3779B97F4A7C15)
 TOKEN_POOL = (0, -1, 2**31 - 1, -(2**31), 151_000)
 ID_POOL = ("", " ", "\x00", "a\x00b", "é", "\U0001F642", "\u202eevil", "x" * 3000, "r_s0", "wx_s1",
            "None", "null", "c1", "resp-c1", "ghost", "\n", "\ud7ff")
-FLOAT_POOL = (math.nan, math.inf, -math.inf, None, 1e308, -0.0, 5e-324)
+# Rewards near the float64 limit (1e308) overflow the group statistics: the reference raises
+# OverflowError and the engine reports NaN/inf advantages for finite rewards. That is pinned by
+# test_robustness.py::test_huge_finite_rewards_give_finite_advantages (a known bug at the time
+# of writing), so the random pool stays below the overflow (|r| <= 1e30 keeps float32 finite).
+FLOAT_POOL = (math.nan, math.inf, -math.inf, None, 1e30, -1e30, -0.0, 5e-324)
 KEY_POOL = (0, 1, 2**63, 2**64 - 1)
 
 
@@ -355,7 +359,8 @@ def m_overflow(d: Data, draw):
     assume(kids)
     child = kids[_index(draw, kids, "child")]
     parent = by_id[(child["rollout_id"], child["parent_id"])]
-    parent["prev_len"] = INT64_MAX - parent["delta_len"] + 1
+    d = parent["delta_len"]
+    parent["prev_len"] = INT64_MAX - d + 1 if 1 <= d <= INT64_MAX else INT64_MAX
     child["prev_len"] = INT64_MIN  # what a wrapping int64 sum would give
 
 
@@ -961,7 +966,7 @@ def small_synth(tmp_path_factory):
 CODECS = ("snappy", "zstd", "none", "gzip")
 
 
-@settings(FUZZ, max_examples=examples(60))
+@settings(FUZZ, max_examples=examples(40))
 @given(data=st.data())
 def test_cli_corrupted_parquet_bytes(cli, small_synth, tmp_path_factory, data):
     """Flip, overwrite or cut bytes of a real dataset's Parquet files: the CLI either reports
@@ -1010,3 +1015,180 @@ def test_cli_corrupted_parquet_bytes(cli, small_synth, tmp_path_factory, data):
     assert_ran(res)
     rows, report = read_output(out)
     check_against_oracle(f"{how} {name}", root, rows, report, opts)
+
+
+# ============================================================================ Batch guard
+
+def test_batch_validate_refuses_out_of_bounds_arrays():
+    """Every offset or index that would let a kernel (no bounds checks) leave its buffer is
+    refused by Batch.validate with a ValueError naming the array."""
+    from chainrows.engine.run import decide
+    from chainrows.io.columnar import build_batch
+
+    tables = build_tables(base_data(2, 1))
+    good, _ = build_batch(tables["ledger"], tables["tokens"], tables["rollouts"])
+    decide(copy.deepcopy(good))
+
+    def bump(name, i, value):
+        def f(b):
+            getattr(b, name)[i] = value
+        return f
+
+    def replace(name, value):
+        return lambda b: setattr(b, name, value)
+
+    C = good.num_calls
+    cases = {
+        "tok_stop past the buffer": (bump("tok_stop", C - 1, len(good.tokens) + 1), "tok_start/tok_stop"),
+        "tok_start negative": (bump("tok_start", 0, -5), "tok_start/tok_stop"),
+        "tok_stop before tok_start": (bump("tok_stop", 0, good.tok_start[0] - 1), "tok_start/tok_stop"),
+        "lp_stop past the buffer": (bump("lp_stop", 0, len(good.logprobs) + 7), "lp_start/lp_stop"),
+        "call_off end": (bump("call_off", -1, C + 1), "call_off"),
+        "call_off decreasing": (bump("call_off", 1, good.call_off[2] + 1), "call_off"),
+        "key_off end": (bump("key_off", -1, len(good.item_keys) + 1), "key_off"),
+        "out_off start": (bump("out_off", 0, 1), "out_off"),
+        "parent in another rollout": (bump("parent", C - 1, 0), "parent"),
+        "parent past the calls": (bump("parent", 1, C + 3), "parent"),
+        "parent bad sentinel": (bump("parent", 1, -7), "parent"),
+        "terminal past the calls": (bump("terminal", 0, C), "terminal"),
+        "fk_call outside": (bump("fk_call", 0, C), "fk_call"),
+        "group outside": (bump("group", 0, 10_000), "group"),
+        "short per-call array": (replace("gen_len", good.gen_len[:-1].copy()), "gen_len"),
+        "wrong dtype": (replace("delta_len", good.delta_len.astype(np.int32)), "delta_len"),
+        "not contiguous": (replace("prev_len", np.repeat(good.prev_len, 2)[::2]), "prev_len"),
+        "2-D": (replace("chain_hash", good.chain_hash.reshape(1, -1)), "chain_hash"),
+    }
+    if len(good.acc_call):
+        cases["acc_call outside"] = (bump("acc_call", 0, C + 1), "acc_call")
+    for what, (edit, needle) in cases.items():
+        b = copy.deepcopy(good)
+        edit(b)
+        with pytest.raises(ValueError) as err:
+            decide(b)
+        assert needle in str(err.value), f"{what}: {err.value}"
+
+
+_BATCH_SNIPPET = """
+import copy, json
+import numpy as np
+from test_fuzz import base_data, build_tables
+from chainrows.engine.run import decide, gather_rows
+from chainrows.io.columnar import build_batch
+spec = json.loads({spec!r})
+tables = build_tables(base_data(spec["kind"], spec["seed"]))
+batch, _ = build_batch(tables["ledger"], tables["tokens"], tables["rollouts"])
+for name, pos, value in spec["edits"]:
+    arr = getattr(batch, name).copy()  # the batch holds read-only views of Arrow buffers
+    setattr(batch, name, arr)
+    if len(arr):
+        arr[pos % len(arr)] = np.array(value).astype(arr.dtype)
+try:
+    dec = decide(batch, spec["mode"])
+    gather_rows(batch, dec, spec["placeholders"])
+    rc = 0
+except ValueError:
+    rc = 3
+"""
+
+_INDEX_FIELDS = ("call_off", "out_off", "acc_off", "fk_off", "key_off", "parent", "terminal",
+                 "acc_call", "fk_call", "tok_start", "tok_stop", "lp_start", "lp_stop", "group",
+                 "prev_len", "delta_len", "gen_len", "out_ids", "item_ids")
+
+
+@settings(FUZZ, max_examples=examples(40))
+@given(data=st.data())
+def test_corrupted_batch_never_crashes(cli, data):
+    """Random values in the Batch's index arrays: validate refuses them (ValueError) or the
+    kernels run to the end; never a crash or a hang (run in the worker)."""
+    draw = data.draw
+    spec = {
+        "kind": draw(st.integers(0, 3), label="kind"), "seed": draw(st.integers(0, 100), label="seed"),
+        "mode": _pick(draw, ("cc", "ordinary"), "mode"), "placeholders": draw(st.booleans(), label="ph"),
+        "edits": draw(st.lists(st.tuples(
+            st.sampled_from(_INDEX_FIELDS), st.integers(0, 1000),
+            st.sampled_from((-3, -2, -1, 0, 1, 2, 5, 40, 1000, 2**40, INT64_MAX, INT64_MIN))),
+            min_size=1, max_size=3), label="edits"),
+    }
+    res = cli.exec(_BATCH_SNIPPET.format(spec=json.dumps(spec)), timeout=60)
+    assert res.rc in (0, 3), f"{spec}\n{res}"
+
+
+# ============================================================================ the corpus
+
+_TYPES = {"uint64": pa.uint64(), "int64": pa.int64(), "int32": pa.int32(), "float32": pa.float32(),
+          "float64": pa.float64(), "string": pa.string(), "large_string": pa.large_string(),
+          "list<int64>": pa.list_(pa.int64()), "list<int32>": pa.list_(pa.int32()),
+          "large_list<int32>": pa.large_list(pa.int32()), "bool": pa.bool_()}
+
+
+def corpus_tables(spec: dict) -> dict:
+    sch = schemas(spec["logprobs"], spec["accepted"])
+    out = {}
+    for name in TABLES:
+        rows = spec["tables"][name]
+        arrays, fields = [], []
+        for f in sch[name]:
+            key = f"{name}.{f.name}"
+            if key in spec["drop"]:
+                continue
+            t = _TYPES[spec["types"][key]] if key in spec["types"] else f.type
+            values = [r.get(f.name) for r in rows]
+            if any(isinstance(v, dict) and "$bytes" in v for v in values):
+                raw = [None if v is None else bytes.fromhex(v["$bytes"]) if isinstance(v, dict)
+                       else v.encode() for v in values]
+                b = pa.array(raw, pa.binary())
+                arr = pa.Array.from_buffers(pa.string(), len(b), b.buffers(), null_count=b.null_count)
+            else:
+                arr = pa.array(values, t)
+            arrays.append(arr)
+            fields.append(pa.field(f.name, arr.type))
+        out[name] = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    return out
+
+
+def _corpus_cases():
+    cases = sorted(p for p in CORPUS.glob("*.json"))
+    cases += sorted(p for p in CORPUS.iterdir() if p.is_dir() and (p / "expect.json").exists())
+    return cases
+
+
+def _options_of(args: list[str]) -> dict:
+    opts = dict(mode="cc", placeholders=False, baseline="mean", no_std=False, population="all",
+                row_weight="rollout")
+    it = iter(args)
+    for a in it:
+        if a == "--placeholders":
+            opts["placeholders"] = True
+        elif a == "--no-std":
+            opts["no_std"] = True
+        elif a in ("--mode", "--baseline", "--baseline-population", "--row-weight"):
+            opts[{"--mode": "mode", "--baseline": "baseline", "--baseline-population": "population",
+                  "--row-weight": "row_weight"}[a]] = next(it)
+        else:
+            next(it, None)  # --buckets N, --threads N: no effect on the result
+    return opts
+
+
+@pytest.mark.parametrize("path", _corpus_cases(), ids=lambda p: p.stem)
+def test_corpus(cli, tmp_path, path):
+    """Replay the regression corpus (tests/corpus/, see make_corpus.py for the format)."""
+    if path.is_dir():
+        spec = json.loads((path / "expect.json").read_text())
+        data, runs = path, spec["runs"]
+    else:
+        spec = json.loads(path.read_text())
+        data = write_dir(tmp_path / "data", corpus_tables(spec))
+        runs = [spec["args"]]
+    expect = spec["expect"]
+    for i, args in enumerate(runs):
+        out = tmp_path / f"out{i}"
+        res = cli.run("reassemble", data, out, *args)
+        if expect["exit"] == 2:
+            assert_clean_error(res, *expect["stderr"])
+            assert not (out / "report.parquet").exists()
+            continue
+        assert_ran(res)
+        rows, report = read_output(out)
+        got = {r["rollout_id"]: [r["status"], r["reason"]] for r in report.to_pylist()}
+        assert got == expect["report"], f"{path.stem}: {got}"
+        check_against_oracle(path.stem, data, rows, report, _options_of(args))

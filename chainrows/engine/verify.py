@@ -71,13 +71,19 @@ def _check_call(c, is_root, parent, prev_len, delta_len, gen_len, chain_hash, to
     if xxh3_64_tokens(tokens, ts, tok_stop[c], seed) != chain_hash[c]:
         return D_HASH
     if has_logprobs:
+        # branch-free scans (they vectorise); the flags say which check failed first
         ls = lp_start[c]
+        nonfinite = False
         for i in range(n):
-            if not np.isfinite(logprobs[ls + i]):
-                return D_LOGPROB_NONFINITE
+            x = logprobs[ls + i]
+            nonfinite |= (x - x) != 0.0  # NaN and ±inf give NaN
+        if nonfinite:
+            return D_LOGPROB_NONFINITE
+        carry_nonzero = False
         for i in range(n - g):
-            if logprobs[ls + i] != 0.0:
-                return D_LOGPROB_CARRY
+            carry_nonzero |= logprobs[ls + i] != 0.0
+        if carry_nonzero:
+            return D_LOGPROB_CARRY
     return 0
 
 

@@ -132,8 +132,8 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     Q = max(len(iddict), 1)
     item_pair = _pair_keys(l_r[call_of_item], item_ids, Q)
     out_pair = _pair_keys(rollout_of_out, out_ids, Q)
-    out_served = (out_ids >= 0) & np.isin(out_pair, item_pair[item_ids >= 0])
-    serving = (item_ids >= 0) & np.isin(item_pair, out_pair[out_ids >= 0])
+    out_served = (out_ids >= 0) & _member(out_pair, item_pair[item_ids >= 0])
+    serving = (item_ids >= 0) & _member(item_pair, out_pair[out_ids >= 0])
     identified = np.zeros(C, dtype=bool)
     identified[call_of_item[serving]] = True
 
@@ -304,6 +304,15 @@ def _pair_keys(owner, code, n_codes) -> np.ndarray:
     return np.where(code >= 0, key, -1)
 
 
+def _member(keys: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """keys[i] in pool, by sort + binary search (np.isin measured ~1 s per GB batch)."""
+    if len(pool) == 0 or len(keys) == 0:
+        return np.zeros(len(keys), dtype=bool)
+    pool = np.sort(pool)
+    pos = np.minimum(np.searchsorted(pool, keys), len(pool) - 1)
+    return pool[pos] == keys
+
+
 def _offsets_from_lengths(lengths) -> np.ndarray:
     off = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=off[1:])
@@ -337,9 +346,11 @@ def _list_parts(col, table, column, null_is_empty=True):
 
     A null list gives an empty range, or start = NO_TOKENS when ``null_is_empty`` is False.
     """
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.chunk(0) if arr.num_chunks else pa.array([], arr.type)
+    if isinstance(col, pa.ChunkedArray):
+        # one chunk: use its buffers as they are (zero copy); several: one concatenation
+        arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    else:
+        arr = col
     off = np.asarray(arr.offsets).astype(np.int64)
     starts, stops = off[:-1].copy(), off[1:].copy()
     if arr.null_count:

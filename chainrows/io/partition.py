@@ -73,29 +73,46 @@ def bucket_dir(spill: Path, b: int) -> Path:
     return spill / f"bucket-{b:05d}"
 
 
-def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progress=None) -> list[Path]:
-    """Write every bucket's three tables under ``spill``; returns the bucket directories."""
+def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progress=None,
+              buffer_bytes: int = 64 << 20) -> list[Path]:
+    """Write every bucket's three tables under ``spill``; returns the bucket directories.
+
+    Rows are buffered per bucket and flushed, all buckets at once, as numbered part files
+    (``bucket-00007/tokens/part-00003.parquet``) whenever ``buffer_bytes`` are buffered: no
+    Parquet writer stays open, so memory does not grow with the number of buckets.
+    """
     router = Router(dataset_dir, n_buckets, batch_rows)
     dirs = [bucket_dir(spill, b) for b in range(n_buckets)]
-    for d in dirs:
-        d.mkdir(parents=True, exist_ok=True)
     for name in TABLES:
         schema = table_schema(dataset_dir, name)
-        writers = [pq.ParquetWriter(d / f"{name}.parquet", schema, **SPILL_OPTIONS) for d in dirs]
-        try:
-            for batch in iter_table_batches(dataset_dir, name, None, batch_rows):
-                buckets = router.route(batch.column("rollout_id"))
-                order = np.argsort(buckets, kind="stable")
-                cuts = np.searchsorted(buckets[order], np.arange(n_buckets + 1))
-                sorted_batch = pa.Table.from_batches([batch]).take(pa.array(order)).cast(schema)
-                for b in np.flatnonzero(np.diff(cuts)):
-                    writers[b].write_table(sorted_batch.slice(cuts[b], cuts[b + 1] - cuts[b]))
-                if progress is not None:
-                    progress.advance(batch.nbytes)
-                del batch, sorted_batch
-                # Arrow's allocator keeps freed pages; give them back so RSS tracks live data
-                pa.default_memory_pool().release_unused()
-        finally:
-            for w in writers:
-                w.close()
+        for d in dirs:
+            (d / name).mkdir(parents=True, exist_ok=True)
+            pq.write_table(schema.empty_table(), d / name / "part-000000.parquet", **SPILL_OPTIONS)
+        buffers: list[list[pa.Table]] = [[] for _ in dirs]
+        state = {"bytes": 0, "part": 1}
+
+        def flush():
+            for b, tables in enumerate(buffers):
+                if tables:
+                    path = dirs[b] / name / f"part-{state['part']:06d}.parquet"
+                    pq.write_table(pa.concat_tables(tables), path, **SPILL_OPTIONS)
+                    tables.clear()
+            state["bytes"] = 0
+            state["part"] += 1
+            pa.default_memory_pool().release_unused()
+
+        for batch in iter_table_batches(dataset_dir, name, None, batch_rows):
+            buckets = router.route(batch.column("rollout_id"))
+            order = np.argsort(buckets, kind="stable")
+            cuts = np.searchsorted(buckets[order], np.arange(n_buckets + 1))
+            sorted_batch = pa.Table.from_batches([batch]).take(pa.array(order)).cast(schema)
+            for b in np.flatnonzero(np.diff(cuts)):
+                buffers[b].append(sorted_batch.slice(cuts[b], cuts[b + 1] - cuts[b]))
+            state["bytes"] += sorted_batch.nbytes
+            if progress is not None:
+                progress.advance(batch.nbytes)
+            del batch, sorted_batch
+            if state["bytes"] >= buffer_bytes:
+                flush()
+        flush()
     return dirs

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from chainrows.io.write import WRITE_OPTIONS
 
-ROWS_GROUP_TOKENS = 2 << 20
+ROWS_GROUP_TOKENS = 1 << 20
 GROUP_ROWS = 65536
 
 
@@ -64,7 +64,10 @@ class RowGroupWriter:
     def _flush(self) -> None:
         if not self._pending:
             return
-        group = pa.concat_tables(self._pending).cast(self.schema).combine_chunks()
+        group = pa.concat_tables(self._pending)
+        if group.schema != self.schema:
+            group = group.cast(self.schema)
+        group = group.combine_chunks()  # one chunk per column: page layout independent of arrival
         self._writer.write_table(group, row_group_size=max(group.num_rows, 1))
         self.rows_written += group.num_rows
         self._pending, self._rows, self._units = [], 0, 0

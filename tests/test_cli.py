@@ -1,0 +1,297 @@
+"""The CLI's exit codes and error lines (SPEC §7): exit 0 when it ran (masked rollouts
+included), exit 2 with exactly one line on stderr for unusable input, bad arguments or an
+output it cannot write; never a traceback, never exit 1, never a partial or damaged output.
+
+Most cases run through the ``cli`` worker of test_fuzz.py (``chainrows.cli.main`` in a
+long-lived child process, fds 1/2 captured); a few run the real ``python -m chainrows.cli``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from test_fuzz import (  # noqa: F401  (cli is a fixture)
+    REPO,
+    Data,
+    _from_builders,
+    _invalid_utf8,
+    _set,
+    assert_clean_error,
+    assert_ran,
+    build_tables,
+    cli,
+    read_output,
+    write_dir,
+)
+from builders import one_call, single_chain, worked_example
+
+
+def _tables(logprobs: bool = True) -> dict:
+    return build_tables(_from_builders(worked_example("wx", logprobs=logprobs),
+                                       single_chain("sc", logprobs=logprobs),
+                                       one_call("solo", "g2", logprobs=logprobs), logprobs=logprobs))
+
+
+@pytest.fixture
+def good(tmp_path) -> Path:
+    return write_dir(tmp_path / "data", _tables())
+
+
+def _one_line(res) -> str:
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and res.stderr.endswith("\n"), f"stderr is not exactly one line:\n{res}"
+    assert "Traceback" not in res.stderr
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- runs
+
+def test_ok_run(cli, good, tmp_path):
+    res = cli.run("reassemble", good, tmp_path / "out")
+    assert_ran(res)
+    assert "rollouts" in res.stdout and "3" in res.stdout
+    rows, report = read_output(tmp_path / "out")
+    assert report.column("status").to_pylist() == ["ok", "ok", "ok"]
+    assert rows.num_rows == 4  # wx has two chains
+
+
+def test_masked_rollouts_still_exit_0(cli, tmp_path):
+    t = _tables()
+    t["ledger"] = _set(t["ledger"], "failed", pa.array([True] * t["ledger"].num_rows))
+    res = cli.run("reassemble", write_dir(tmp_path / "data", t), tmp_path / "out")
+    assert_ran(res)
+    _, report = read_output(tmp_path / "out")
+    assert set(report.column("reason").to_pylist()) == {"capture_failed"}
+
+
+@pytest.mark.parametrize("table", ["ledger", "tokens", "rollouts"])
+def test_ids_only_in_one_table(cli, tmp_path, table):
+    """Tables that disagree are data, not an error: the stray rollout is reported, the others run."""
+    t = _tables()
+    extra = {
+        "ledger": dict(rollout_id="stray", call_id="c1", parent_id=None, response_id="r1",
+                       prev_len=0, delta_len=1, gen_len=1, chain_hash=0, item_keys=[1],
+                       item_ids=None, failed=False),
+        "tokens": dict(rollout_id="stray", call_id="c1", tokens=[1, 2], logprobs=[0.0, -1.0]),
+        "rollouts": dict(rollout_id="stray", group_id="g", reward=1.0, output_keys=[1],
+                         output_ids=None, terminal_response_id=None),
+    }[table]
+    t[table] = pa.concat_tables([t[table], pa.Table.from_pylist([extra], schema=t[table].schema)])
+    res = cli.run("reassemble", write_dir(tmp_path / "data", t), tmp_path / "out")
+    assert_ran(res)
+    _, report = read_output(tmp_path / "out")
+    by_id = {r["rollout_id"]: r for r in report.to_pylist()}
+    want = "no_calls" if table == "rollouts" else "no_rollout_record"
+    assert by_id["stray"]["status"] == "masked" and by_id["stray"]["reason"] == want
+    assert [by_id[k]["status"] for k in ("wx", "sc", "solo")] == ["ok"] * 3
+
+
+# ----------------------------------------------------------------------------- unusable input
+
+def test_missing_dataset_dir(cli, tmp_path):
+    res = cli.run("reassemble", tmp_path / "nope", tmp_path / "out")
+    assert_clean_error(res, "nope", "does not exist")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_dataset_is_a_file(cli, tmp_path):
+    (tmp_path / "f").write_text("x")
+    assert_clean_error(cli.run("reassemble", tmp_path / "f", tmp_path / "out"), "not a directory")
+
+
+@pytest.mark.parametrize("table", ["ledger", "tokens", "rollouts"])
+def test_missing_table(cli, good, tmp_path, table):
+    (good / f"{table}.parquet").unlink()
+    res = cli.run("reassemble", good, tmp_path / "out")
+    assert_clean_error(res, f"error: {table}: table not found", str(good))
+
+
+@pytest.mark.parametrize("table,column", [
+    ("ledger", "rollout_id"), ("ledger", "parent_id"), ("ledger", "chain_hash"),
+    ("ledger", "failed"), ("ledger", "item_ids"), ("tokens", "call_id"), ("tokens", "tokens"),
+    ("rollouts", "reward"), ("rollouts", "output_keys"), ("rollouts", "terminal_response_id"),
+])
+def test_missing_column(cli, tmp_path, table, column):
+    t = _tables()
+    t[table] = t[table].drop_columns([column])
+    data = write_dir(tmp_path / "data", t)
+    res = cli.run("reassemble", data, tmp_path / "out")
+    assert_clean_error(res, f"error: {table}: missing column {column!r}",
+                       str(data / f"{table}.parquet"))
+
+
+@pytest.mark.parametrize("table,column,array,found", [
+    ("ledger", "delta_len", pa.array([1.0] * 10), "double"),
+    ("ledger", "prev_len", pa.array(["0"] * 10), "string"),
+    ("ledger", "chain_hash", pa.array([1] * 10, pa.int64()), "int64"),
+    ("ledger", "failed", pa.array([0] * 10, pa.int8()), "int8"),
+    ("ledger", "call_id", pa.array([b"c"] * 10, pa.binary()), "binary"),
+    ("ledger", "item_keys", pa.array([[1]] * 10, pa.list_(pa.int64())), "list<int64>"),
+    ("tokens", "tokens", pa.array([[1]] * 10, pa.list_(pa.int64())), "list<int64>"),
+    ("tokens", "logprobs", pa.array([[0.0]] * 10, pa.list_(pa.float64())), "list<double>"),
+    ("rollouts", "reward", pa.array([1.0] * 3, pa.float32()), "float"),
+    ("rollouts", "output_keys", pa.array([["x"]] * 3), "list<string>"),
+])
+def test_wrong_type(cli, tmp_path, table, column, array, found):
+    t = _tables()
+    t[table] = _set(t[table], column, array[: t[table].num_rows])
+    data = write_dir(tmp_path / "data", t)
+    res = cli.run("reassemble", data, tmp_path / "out")
+    assert_clean_error(res, f"error: {table}: column {column!r} has type {found}, expected",
+                       str(data / f"{table}.parquet"))
+
+
+@pytest.mark.parametrize("table,column", [("ledger", "delta_len"), ("ledger", "failed"),
+                                          ("tokens", "call_id"), ("rollouts", "rollout_id")])
+def test_null_in_required_column(cli, tmp_path, table, column):
+    t = _tables()
+    values = t[table].column(column).to_pylist()
+    values[1] = None
+    t[table] = _set(t[table], column, pa.array(values, t[table].schema.field(column).type))
+    data = write_dir(tmp_path / "data", t)
+    res = cli.run("reassemble", data, tmp_path / "out")
+    assert_clean_error(res, f"error: {table}: column {column!r} has a null value",
+                       "first at row 1 (0-based", str(data / f"{table}.parquet"))
+
+
+def test_uint64_length_above_int64(cli, tmp_path):
+    t = _tables()
+    vals = t["ledger"].column("delta_len").to_pylist()
+    vals[2] = 2**63
+    t["ledger"] = _set(t["ledger"], "delta_len", pa.array(vals, pa.uint64()))
+    res = cli.run("reassemble", write_dir(tmp_path / "data", t), tmp_path / "out")
+    assert_clean_error(res, "error: ledger: column 'delta_len' has a value above the int64 range "
+                            "at row 2")
+
+
+@pytest.mark.parametrize("table,column", [("ledger", "rollout_id"), ("ledger", "call_id"),
+                                          ("tokens", "call_id"), ("rollouts", "group_id")])
+def test_invalid_utf8_id(cli, tmp_path, table, column):
+    t = _tables()
+    t[table] = _set(t[table], column, _invalid_utf8(t[table].column(column).combine_chunks(), 1))
+    res = cli.run("reassemble", write_dir(tmp_path / "data", t), tmp_path / "out")
+    assert_clean_error(res, f"error: {table}: column {column!r} holds a string that is not valid "
+                            f"UTF-8: first at row 1")
+
+
+@pytest.mark.parametrize("table", ["ledger", "tokens", "rollouts"])
+@pytest.mark.parametrize("keep", [0.0, 0.1, 0.5, 0.9, 0.999])
+def test_truncated_file(cli, good, tmp_path, table, keep):
+    path = good / f"{table}.parquet"
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    res = cli.run("reassemble", good, tmp_path / "out")
+    assert_clean_error(res, f"error: {table}: unreadable Parquet file", str(path))
+
+
+def test_not_parquet(cli, good, tmp_path):
+    (good / "tokens.parquet").write_text("rollout_id,call_id,tokens\nwx,c1,[1]\n")
+    assert_clean_error(cli.run("reassemble", good, tmp_path / "out"),
+                       "error: tokens: unreadable Parquet file", str(good / "tokens.parquet"))
+
+
+def test_partitioned_run_reports_unusable_input_too(cli, good, tmp_path):
+    """The spill path (--buckets) reads through the same checks."""
+    t = _tables()
+    t["ledger"] = _set(t["ledger"], "call_id", _invalid_utf8(t["ledger"].column("call_id").combine_chunks(), 3))
+    data = write_dir(tmp_path / "data", t)
+    assert_clean_error(cli.run("reassemble", data, tmp_path / "out", "--buckets", "3"),
+                       "error: ledger: column 'call_id'")
+    (good / "rollouts.parquet").write_bytes(b"PAR1 not really")
+    assert_clean_error(cli.run("reassemble", good, tmp_path / "out2", "--buckets", "3"),
+                       "error: rollouts: unreadable Parquet file")
+
+
+def test_failed_run_keeps_previous_outputs(cli, good, tmp_path):
+    out = tmp_path / "out"
+    assert_ran(cli.run("reassemble", good, out))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (good / "ledger.parquet").write_bytes(b"")
+    assert_clean_error(cli.run("reassemble", good, out), "error: ledger: ")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+# ----------------------------------------------------------------------------- arguments
+
+BAD_ARGS = [
+    ["reassemble", "{data}", "{out}", "--frobnicate"],
+    ["reassemble", "{data}", "{out}", "--mode", "foo"],
+    ["reassemble", "{data}", "{out}", "--baseline", "median"],
+    ["reassemble", "{data}", "{out}", "--row-weight", "token"],
+    ["reassemble", "{data}", "{out}", "--memory-budget", "lots"],
+    ["reassemble", "{data}", "{out}", "--memory-budget", "1KB"],
+    ["reassemble", "{data}", "{out}", "--threads", "two"],
+    ["reassemble", "{data}", "{out}", "--buckets", "-1"],
+    ["reassemble", "{data}", "{out}", "--buckets", "many"],
+    ["reassemble", "{data}"],
+    ["reassemble"],
+    ["frobnicate"],
+    [],
+    ["synth", "{out}", "--rollouts", "-5"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_ARGS, ids=lambda a: " ".join(a) or "<none>")
+def test_bad_arguments_exit_2_with_one_line(cli, good, tmp_path, argv):
+    argv = [a.format(data=good, out=tmp_path / "out") for a in argv]
+    res = cli.run(*argv)
+    assert res.rc == 2, str(res)
+    line = _one_line(res)
+    assert line.startswith("chainrows") and "error" in line, str(res)
+    assert not (tmp_path / "out" / "rows.parquet").exists()
+
+
+def test_version_and_help(cli):
+    res = cli.run("--version")
+    assert res.rc == 0 and res.stdout.startswith("chainrows ") and res.stderr == ""
+    res = cli.run("reassemble", "--help")
+    assert res.rc == 0 and "--mode" in res.stdout and res.stderr == ""
+
+
+# ----------------------------------------------------------------------------- outputs
+
+def test_output_under_a_file(cli, good, tmp_path):
+    (tmp_path / "f").write_text("x")
+    res = cli.run("reassemble", good, tmp_path / "f" / "out")
+    line = assert_clean_error(res, str(tmp_path / "f"))
+    assert "internal error" not in line
+
+
+def test_output_is_a_file(cli, good, tmp_path):
+    (tmp_path / "f").write_text("x")
+    line = assert_clean_error(cli.run("reassemble", good, tmp_path / "f"), str(tmp_path / "f"))
+    assert "--overwrite" not in line, "reassemble has no --overwrite option"
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def test_output_on_a_read_only_filesystem(cli, good):
+    """/proc refuses new entries even for root (chmod would not stop root)."""
+    res = cli.run("reassemble", good, "/proc/chainrows-test-out")
+    assert_clean_error(res, "/proc/chainrows-test-out")
+
+
+# ----------------------------------------------------------------------------- the real process
+
+def _real(*argv, timeout=180):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("CHAINROWS_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "chainrows.cli", *map(str, argv)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_real_process_exit_codes(good, tmp_path):
+    """`python -m chainrows.cli`: the interpreter's own exit path, not just main()'s return."""
+    p = _real("reassemble", good, tmp_path / "out")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    (good / "rollouts.parquet").write_bytes(b"\x00" * 10)
+    p = _real("reassemble", good, tmp_path / "out2")
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert p.stderr.startswith("chainrows: error: rollouts: unreadable Parquet file")
+    assert not (tmp_path / "out2" / "rows.parquet").exists()
