@@ -14,12 +14,10 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from test_fuzz import (  # noqa: F401  (cli is a fixture)
     REPO,
-    Data,
     _from_builders,
     _invalid_utf8,
     _set,

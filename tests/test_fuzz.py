@@ -42,11 +42,9 @@ import os
 import random
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +67,7 @@ from chainrows.io.schema import (
     TOKENS_SCHEMA,
 )
 
-from builders import RolloutBuilder, combine, message, one_call, single_chain, worked_example
+from builders import combine, one_call, single_chain, worked_example
 from randomized import random_dataset
 from test_properties import compare_outputs
 
