@@ -100,7 +100,8 @@ def test_plan_buckets_grows_with_size():
 PEAK_SCRIPT = r"""
 import resource, sys
 from chainrows import bulk
-s = bulk.run(sys.argv[1], sys.argv[2], memory_budget=int(sys.argv[3]))
+buckets = int(sys.argv[4]) if len(sys.argv) > 4 else None
+s = bulk.run(sys.argv[1], sys.argv[2], memory_budget=int(sys.argv[3]), buckets=buckets)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(s.buckets, s.rollouts, peak)
 """
@@ -121,7 +122,7 @@ def test_larger_than_memory_stays_under_budget(tmp_path):
     # warm Numba's on-disk cache first: a cold compile is a one-time cost, not data memory
     small = tmp_path / "small"
     write_synth_dataset(small, 16, seed=1)
-    subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(small), str(tmp_path / "warm"), str(budget)],
+    subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(small), str(tmp_path / "warm"), str(budget), "2"],
                    capture_output=True, text=True, check=True)
     res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(data), str(tmp_path / "out"), str(budget)],
                          capture_output=True, text=True, check=True)
