@@ -1,0 +1,82 @@
+"""The CLI's commands end to end: synth, reassemble (with options), stats, import-jsonl."""
+
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from chainrows.cli import main, parse_size
+from test_jsonl import _doc_files
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "data"
+    assert main(["synth", str(path), "--rollouts", "120", "--seed", "5", "--corrupt-rate", "0.2"]) == 0
+    return path
+
+
+def test_synth_refuses_to_overwrite_without_flag(data, capsys):
+    assert main(["synth", str(data), "--rollouts", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--overwrite" in err[0]
+
+
+def test_reassemble_prints_summary_and_writes_outputs(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["reassemble", str(data), str(out), "--placeholders", "--baseline", "loo",
+                 "--no-std", "--baseline-population", "ok", "--row-weight", "row", "--threads", "1"]) == 0
+    text = capsys.readouterr().out
+    for label in ("rollouts", "ok", "masked", "rows", "loss tokens", "unselected", "orphan token rows",
+                  "throughput"):
+        assert label in text
+    rows = pq.read_table(out / "rows.parquet")
+    report = pq.read_table(out / "report.parquet")
+    masked = [r for r in report.to_pylist() if r["status"] == "masked"]
+    assert masked, "corrupt rollouts expected"
+    placeholder_ids = {r["rollout_id"] for r in rows.to_pylist() if r["weight"] == 0.0}
+    assert placeholder_ids == {r["rollout_id"] for r in masked}
+    assert all(r["weight"] == 1.0 for r in rows.to_pylist() if r["rollout_id"] not in placeholder_ids)
+
+
+def test_ordinary_mode_masks_compacted_rollouts(data, tmp_path, capsys):
+    assert main(["reassemble", str(data), str(tmp_path / "o"), "--mode", "ordinary"]) == 0
+    report = pq.read_table(tmp_path / "o" / "report.parquet").to_pylist()
+    assert any(r["reason"] == "multiple_roots" for r in report)
+
+
+def test_stats_compares_cc_with_ordinary(data, capsys):
+    assert main(["stats", str(data)]) == 0
+    text = capsys.readouterr().out
+    assert "ordinary" in text and "cc - ordinary" in text and "loss tokens" in text
+    line = next(l for l in text.splitlines() if l.startswith("rollouts ok"))
+    ordinary, cc, diff = (int(x.replace(",", "")) for x in line.split()[2:5])
+    assert cc - ordinary == diff and cc > ordinary
+
+
+def test_import_jsonl_then_reassemble(tmp_path, capsys):
+    files = _doc_files(tmp_path)
+    ds = tmp_path / "imported"
+    assert main(["import-jsonl", str(files["ledger"]), str(files["tokens"]), str(files["results"]), str(ds)]) == 0
+    assert main(["reassemble", str(ds), str(tmp_path / "out")]) == 0
+    report = pq.read_table(tmp_path / "out" / "report.parquet").to_pylist()
+    assert report and all(r["status"] == "ok" for r in report)
+
+
+def test_console_script_entry_point(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "chainrows.cli", "--version"], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.startswith("chainrows ")
+
+
+@pytest.mark.parametrize("text,value", [("4GiB", 4 << 30), ("512MB", 512 * 10**6), ("2e9", 2 * 10**9)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("args", [["reassemble"], ["reassemble", "a", "b", "--mode", "tree"],
+                                  ["reassemble", "a", "b", "--memory-budget", "lots"], ["nope"]])
+def test_bad_arguments_exit_2(args, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
