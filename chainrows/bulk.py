@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from chainrows.api import run_tables
 from chainrows.io.dataset import read_dataset, table_files, table_schema
+from chainrows.io.errors import InputError
 from chainrows.io.partition import bucket_dir, partition
 from chainrows.io.rowgroups import RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
@@ -118,16 +119,28 @@ class Summary:
         return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
 
 
+def _footer(name: str, file) -> pq.FileMetaData:
+    """A Parquet footer; an unreadable file is unusable input."""
+    try:
+        return pq.ParquetFile(file).metadata
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"unreadable Parquet file: {' '.join(str(exc).split())}", table=name,
+                         file=file) from exc
+
+
+def _uncompressed(md: pq.FileMetaData) -> int:
+    return sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+
+
 def input_bytes(dataset_dir) -> dict[str, int]:
-    """Uncompressed bytes of each table, from Parquet footers (no data read)."""
-    out = {}
+    """Uncompressed bytes of each table, from Parquet footers (no data read).
+
+    Every file's schema is checked first, so unusable input fails before any work.
+    """
     for name in ("ledger", "tokens", "rollouts"):
-        total = 0
-        for f in table_files(dataset_dir, name):
-            md = pq.ParquetFile(f).metadata
-            total += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
-        out[name] = total
-    return out
+        table_schema(dataset_dir, name)
+    return {name: sum(_uncompressed(_footer(name, f)) for f in table_files(dataset_dir, name))
+            for name in ("ledger", "tokens", "rollouts")}
 
 
 def plan_buckets(total_bytes: int, budget: int) -> int:
@@ -271,22 +284,15 @@ def _spill_group_rows(rows: pa.Table, budget: int, k: int) -> int:
 
 
 def _avg_row_bytes(outs) -> int:
-    rows = sum(pq.ParquetFile(r).metadata.num_rows for r, _ in outs)
-    size = 0
-    for r, _ in outs:
-        md = pq.ParquetFile(r).metadata
-        size += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
-    return size // max(rows, 1)
+    footers = [pq.ParquetFile(r).metadata for r, _ in outs]
+    return sum(_uncompressed(md) for md in footers) // max(sum(md.num_rows for md in footers), 1)
 
 
 def _batch_rows(dataset_dir, budget) -> int:
-    """Rows per input batch while partitioning: about budget / 16 bytes of tokens per batch."""
-    files = table_files(dataset_dir, "tokens")
-    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-    size = 0
-    for f in files:
-        md = pq.ParquetFile(f).metadata
-        size += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    """Rows per input batch while partitioning: about budget / 64 bytes of tokens per batch."""
+    footers = [_footer("tokens", f) for f in table_files(dataset_dir, "tokens")]
+    rows = sum(md.num_rows for md in footers)
+    size = sum(_uncompressed(md) for md in footers)
     per_row = max(size / max(rows, 1), 1.0)
     return int(max(64, min(1 << 20, (budget / 64) / per_row)))
 

@@ -29,16 +29,36 @@ def parse_size(text: str) -> int:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), like every other error."""
+
+    def error(self, message):
+        self.exit(2, f"chainrows: error: {' '.join(message.split())} (see chainrows --help)\n")
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="chainrows", description=__doc__.splitlines()[0])
+    p = _Parser(prog="chainrows", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = p.add_subparsers(dest="command")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     r = sub.add_parser("reassemble", help="dataset -> OUT/rows.parquet + OUT/report.parquet")
     r.add_argument("dataset")
@@ -67,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stats", help="what a dataset holds, and what cc recovers over ordinary capture")
     st.add_argument("dataset")
     st.add_argument("--memory-budget", type=parse_size, default=None)
-    st.add_argument("--threads", type=int, default=None)
+    st.add_argument("--threads", type=_at_least_one, default=None)
     st.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     return p
 
@@ -82,10 +102,10 @@ def _reassemble_options(r):
     r.add_argument("--row-weight", choices=("rollout", "row"), default="rollout")
     r.add_argument("--memory-budget", type=parse_size, default=None,
                    help="peak memory to stay under, e.g. 4GiB (default 4GiB)")
-    r.add_argument("--buckets", type=int, default=None, help=argparse.SUPPRESS)
+    r.add_argument("--buckets", type=_at_least_one, default=None, help=argparse.SUPPRESS)
     r.add_argument("--resume", action="store_true",
                    help="reuse finished partitions of an interrupted run into the same OUT")
-    r.add_argument("--threads", type=int, default=None, help="kernel threads (default: all cores)")
+    r.add_argument("--threads", type=_at_least_one, default=None, help="kernel threads (default: all cores)")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
 
@@ -185,7 +205,8 @@ def main(argv=None) -> int:
         print(f"chainrows {__version__}")
         return 0
     if args.command is None:
-        _parser().print_help()
+        print(f"chainrows: error: a command is required: {', '.join(COMMANDS)} (see chainrows --help)",
+              file=sys.stderr)
         return 2
     from chainrows.io.errors import InputError
 
@@ -194,8 +215,10 @@ def main(argv=None) -> int:
     except InputError as exc:
         print(f"chainrows: error: {exc}", file=sys.stderr)
         return 2
-    except FileExistsError as exc:
-        print(f"chainrows: error: {exc} (use --overwrite)", file=sys.stderr)
+    except OSError as exc:  # a path we cannot read or write: unusable input/output location
+        where = f": {exc.filename}" if exc.filename else ""
+        hint = " (use --overwrite)" if args.command == "synth" and isinstance(exc, FileExistsError) else ""
+        print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}{hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("chainrows: interrupted; no output written", file=sys.stderr)
