@@ -486,7 +486,10 @@ def advantages(rollouts: list, statuses: dict, *, baseline: str = "mean", no_std
         else:
             pop = [ro for ro in finite if statuses[ro.rollout_id] == "ok"]
         n = len(pop)
-        rewards = [float(ro.record["reward"]) for ro in pop]
+        # A is scale-invariant (eps scales along): divide by the group's largest |reward| so
+        # huge finite rewards cannot overflow the sums.
+        scale = max((abs(float(ro.record["reward"])) for ro in finite), default=0.0) or 1.0
+        rewards = [float(ro.record["reward"]) / scale for ro in pop]
         if n >= 2:
             mean = math.fsum(rewards) / n
             std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (n - 1))
@@ -497,13 +500,13 @@ def advantages(rollouts: list, statuses: dict, *, baseline: str = "mean", no_std
             if n < 2:
                 result[ro.rollout_id] = 0.0
                 continue
-            r = float(ro.record["reward"])
+            r = float(ro.record["reward"]) / scale
             if baseline == "loo" and any(m is ro for m in pop):
-                others = [float(m.record["reward"]) for m in pop if m is not ro]
+                others = [float(m.record["reward"]) / scale for m in pop if m is not ro]
                 base = math.fsum(others) / (n - 1)
             else:
                 base = mean
-            result[ro.rollout_id] = (r - base) if no_std else (r - base) / (std + EPSILON)
+            result[ro.rollout_id] = (r - base) * scale if no_std else (r - base) / (std + EPSILON / scale)
     return result
 
 

@@ -100,7 +100,7 @@ def _corrupt(rng, kind, ledger, tokens, rollouts, logprobs, accepted_col):
     elif kind == "gen_len_big" and L:
         L["gen_len"] = L["delta_len"] + 1
     elif kind == "prev_len" and L:
-        L["prev_len"] += rng.choice((-1, 1, 2**62))
+        L["prev_len"] = rng.choice((L["prev_len"] - 1, L["prev_len"] + 1, 2**62))
     elif kind == "root_prev_len" and L and L["parent_id"] is None:
         L["prev_len"] = 3
     elif kind == "chain_hash" and L:

@@ -17,8 +17,14 @@ def advantages(reward, has_record, group, ok, *, baseline="mean", no_std=False, 
         raise ValueError(f"unknown baseline {baseline!r} or population {population!r}")
     finite = has_record & np.isfinite(reward)
     member = finite & ok if population == "ok" else finite
-    r = np.where(finite, reward, 0.0)
     G = int(group.max()) + 1 if len(group) else 0
+    # Work on rewards scaled by the group's largest |reward|: A is scale-invariant (eps scales
+    # with them), and huge finite rewards (1e308) then cannot overflow the sums.
+    scale = np.zeros(G)
+    np.maximum.at(scale, group[finite], np.abs(reward[finite]))
+    scale = np.where(scale > 0, scale, 1.0)
+    sg = scale[group]
+    r = np.where(finite, reward, 0.0) / sg
     n = np.bincount(group, weights=member.astype(np.float64), minlength=G)
     s = np.bincount(group, weights=np.where(member, r, 0.0), minlength=G)
     mean = s / np.maximum(n, 1.0)
@@ -29,8 +35,10 @@ def advantages(reward, has_record, group, ok, *, baseline="mean", no_std=False, 
     if baseline == "loo":
         base = np.where(member, (s[group] - r) / np.maximum(ng - 1.0, 1.0), base)
     a = r - base
-    if not no_std:
-        a = a / (np.sqrt(var[group]) + EPS)
+    if no_std:
+        a = a * sg
+    else:
+        a = a / (np.sqrt(var[group]) + EPS / sg)
     a = np.where(ng < 2, 0.0, a)
     return np.where(finite, a, np.nan)
 
