@@ -38,9 +38,10 @@ class Batch:
     has_acc: np.ndarray  # bool[R] accepted_response_ids given
     acc_off: np.ndarray  # int64[R+1] into acc_call
     acc_call: np.ndarray  # int64[A] call index or MISSING
-    fk_off: np.ndarray  # int64[R+1] into fk_key / fk_call
-    fk_key: np.ndarray  # uint64[F] first item key of each call with keys, sorted within the rollout
-    fk_call: np.ndarray  # int64[F] the call of each fk_key
+    cand_off: np.ndarray  # int64[R+1] into the candidate index (cand_len / cand_hash / cand_call)
+    cand_len: np.ndarray  # int64[F] item count of each call with keys; sorted by (len, hash) per rollout
+    cand_hash: np.ndarray  # uint64[F] hash of the call's whole item-key sequence (window_hash)
+    cand_call: np.ndarray  # int64[F] the call
     # per call (C)
     parent: np.ndarray  # int64[C] call index, ROOT or MISSING
     prev_len: np.ndarray  # int64[C]
@@ -88,8 +89,9 @@ class Batch:
         _check_len("out_ids", self.out_ids, len(self.out_keys))
         _check_len("out_served", self.out_served, len(self.out_keys))
         _check_offsets("acc_off", self.acc_off, len(self.acc_call), R)
-        _check_offsets("fk_off", self.fk_off, len(self.fk_key), R)
-        _check_len("fk_call", self.fk_call, len(self.fk_key))
+        _check_offsets("cand_off", self.cand_off, len(self.cand_call), R)
+        _check_len("cand_len", self.cand_len, len(self.cand_call))
+        _check_len("cand_hash", self.cand_hash, len(self.cand_call))
         _check_offsets("key_off", self.key_off, len(self.item_keys), C)
         _check_len("item_ids", self.item_ids, len(self.item_keys))
         owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.call_off))
@@ -97,8 +99,10 @@ class Batch:
         _check_same_rollout("terminal", self.terminal, np.arange(R), self.call_off, allow=(ROOT, MISSING))
         acc_owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.acc_off))
         _check_same_rollout("acc_call", self.acc_call, acc_owner, self.call_off, allow=(MISSING,))
-        fk_owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.fk_off))
-        _check_same_rollout("fk_call", self.fk_call, fk_owner, self.call_off, allow=())
+        cand_owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.cand_off))
+        _check_same_rollout("cand_call", self.cand_call, cand_owner, self.call_off, allow=())
+        if np.any(self.cand_len != (self.key_off[self.cand_call + 1] - self.key_off[self.cand_call])):
+            raise ValueError("cand_len: differs from the call's item count")
         _check_ranges("tok", self.tok_start, self.tok_stop, len(self.tokens))
         _check_ranges("lp", self.lp_start, self.lp_stop, len(self.logprobs))
         if len(self.group) and (self.group.min() < 0 or self.group.max() >= R):
@@ -109,8 +113,8 @@ _DTYPES = {
     "call_off": np.int64, "has_record": np.bool_, "dup_record": np.bool_, "reward": np.float64,
     "reward_null": np.bool_, "group": np.int64, "out_off": np.int64, "out_keys": np.uint64,
     "out_ids": np.int64, "out_served": np.bool_, "out_ids_bad_len": np.bool_, "terminal": np.int64,
-    "has_acc": np.bool_, "acc_off": np.int64, "acc_call": np.int64, "fk_off": np.int64,
-    "fk_key": np.uint64, "fk_call": np.int64, "parent": np.int64, "prev_len": np.int64,
+    "has_acc": np.bool_, "acc_off": np.int64, "acc_call": np.int64, "cand_off": np.int64,
+    "cand_len": np.int64, "cand_hash": np.uint64, "cand_call": np.int64, "parent": np.int64, "prev_len": np.int64,
     "delta_len": np.int64, "gen_len": np.int64, "chain_hash": np.uint64, "failed": np.bool_,
     "dup_call_id": np.bool_, "dup_response_id": np.bool_, "dup_tokens": np.bool_,
     "item_ids_bad_len": np.bool_, "identified": np.bool_, "key_off": np.int64,

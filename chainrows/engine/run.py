@@ -97,8 +97,8 @@ def decide(batch: Batch, mode: str = "cc") -> Decisions:
         sel = np.full(len(b.out_keys), -1, dtype=np.int64)
         chain_start = np.zeros(len(b.out_keys), dtype=np.uint8)
         select_calls(chunks, detail, bad_pos, bad_call, b.out_off, b.out_keys, b.out_ids,
-                     b.out_served, b.terminal, b.has_acc, b.acc_off, b.acc_call, b.fk_off, b.fk_key,
-                     b.fk_call, b.call_off, b.parent, b.identified, b.key_off, b.item_keys,
+                     b.out_served, b.terminal, b.has_acc, b.acc_off, b.acc_call, b.cand_off, b.cand_len,
+                     b.cand_hash, b.cand_call, b.call_off, b.parent, b.identified, b.key_off, b.item_keys,
                      b.item_ids, sel, sel_len, np.zeros(C, dtype=np.uint8))
         num_selected = sel_len.copy()
         cut_chains(chunks, detail, bad_call, sel_off, sel, sel_len, b.parent, chain_start, n_chains)

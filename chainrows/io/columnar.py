@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.engine.batch import MISSING, NO_TOKENS, ROOT, Batch
+from chainrows.engine.select import call_key_hashes
 from chainrows.io.errors import InputError
 
 
@@ -137,11 +138,12 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     identified = np.zeros(C, dtype=bool)
     identified[call_of_item[serving]] = True
 
-    # candidates index: calls with keys, sorted by (rollout, first key)
+    # candidate index: calls with keys, sorted by (rollout, item count, hash of all their keys)
     with_keys = np.flatnonzero(key_len > 0)
-    first_key = item_keys[key_off[with_keys]]
-    fk_order = with_keys[np.lexsort((first_key, l_r[with_keys]))]
-    fk_off = _offsets_from_owner(l_r[fk_order], R)
+    whole = np.empty(C, dtype=np.uint64)
+    call_key_hashes(key_off, item_keys, whole)
+    cand_call = with_keys[np.lexsort((whole[with_keys], key_len[with_keys], l_r[with_keys]))]
+    cand_off = _offsets_from_owner(l_r[cand_call], R)
 
     reward = np.full(R, np.nan)
     reward_null = np.zeros(R, dtype=bool)
@@ -154,8 +156,9 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         call_off=call_off, has_record=rec.has_record, dup_record=rec.dup_record, reward=reward,
         reward_null=reward_null, group=group, out_off=out_off, out_keys=out_keys, out_ids=out_ids,
         out_served=out_served, out_ids_bad_len=out_ids_bad_len, terminal=terminal, has_acc=has_acc,
-        acc_off=acc_off, acc_call=acc_call, fk_off=fk_off,
-        fk_key=np.ascontiguousarray(item_keys[key_off[fk_order]]), fk_call=fk_order.astype(np.int64),
+        acc_off=acc_off, acc_call=acc_call, cand_off=cand_off,
+        cand_len=np.ascontiguousarray(key_len[cand_call]), cand_hash=np.ascontiguousarray(whole[cand_call]),
+        cand_call=cand_call.astype(np.int64),
         parent=parent, prev_len=_int64(ledger["prev_len"]), delta_len=_int64(ledger["delta_len"]),
         gen_len=_int64(ledger["gen_len"]), chain_hash=_values(ledger["chain_hash"].combine_chunks(), np.uint64, "ledger", "chain_hash"),
         failed=_np_bool(ledger["failed"]), dup_call_id=dup_call_id, dup_response_id=dup_response_id,
