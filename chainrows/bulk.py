@@ -264,11 +264,22 @@ def _run_partitioned(dataset_dir, work: Path, k, opts, budget, total, summary, r
         outs.append((rows_f, report_f))
         bar.advance(1)
     bar.close()
-    fan_in = max(2, (budget - BASE_RSS) // (4 * READER_BYTES))
+    fan_in = max(2, min((budget - BASE_RSS) // (4 * READER_BYTES), _open_file_limit() // 4))
     row_bytes = max(_avg_row_bytes(outs), 1)
     merge_rows = int(max(16, (budget - BASE_RSS) // (16 * min(k, fan_in) * row_bytes)))
     _merge_tree([o[0] for o in outs], rows_w, merge_rows, fan_in, spill / "merge-rows")
     _merge_tree([o[1] for o in outs], report_w, 65536, fan_in, spill / "merge-report")
+
+
+def _open_file_limit() -> int:
+    """The soft limit on open files (each merged run holds one open)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return soft if soft != resource.RLIM_INFINITY else 1 << 16
+    except (ImportError, OSError, ValueError):
+        return 256
 
 
 def _write_spill(table: pa.Table, path: Path, group_rows: int) -> None:

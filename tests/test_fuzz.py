@@ -1050,7 +1050,7 @@ def test_batch_validate_refuses_out_of_bounds_arrays():
         "parent past the calls": (bump("parent", 1, C + 3), "parent"),
         "parent bad sentinel": (bump("parent", 1, -7), "parent"),
         "terminal past the calls": (bump("terminal", 0, C), "terminal"),
-        "fk_call outside": (bump("fk_call", 0, C), "fk_call"),
+        "cand_call outside": (bump("cand_call", 0, C), "cand_call"),
         "group outside": (bump("group", 0, 10_000), "group"),
         "short per-call array": (replace("gen_len", good.gen_len[:-1].copy()), "gen_len"),
         "wrong dtype": (replace("delta_len", good.delta_len.astype(np.int32)), "delta_len"),
@@ -1089,8 +1089,8 @@ except ValueError:
     rc = 3
 """
 
-_INDEX_FIELDS = ("call_off", "out_off", "acc_off", "fk_off", "key_off", "parent", "terminal",
-                 "acc_call", "fk_call", "tok_start", "tok_stop", "lp_start", "lp_stop", "group",
+_INDEX_FIELDS = ("call_off", "out_off", "acc_off", "cand_off", "key_off", "parent", "terminal",
+                 "acc_call", "cand_call", "tok_start", "tok_stop", "lp_start", "lp_stop", "group",
                  "prev_len", "delta_len", "gen_len", "out_ids", "item_ids")
 
 
