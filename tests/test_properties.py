@@ -61,7 +61,7 @@ def compare_outputs(ctx, got_rows, got_report, want_rows, want_report):
         assert set(g) == set(w), ctx
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_engine_matches_reference(seed):
     ledger, tokens, rollouts, options = random_dataset(seed)
