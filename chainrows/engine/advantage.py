@@ -35,10 +35,11 @@ def advantages(reward, has_record, group, ok, *, baseline="mean", no_std=False, 
     if baseline == "loo":
         base = np.where(member, (s[group] - r) / np.maximum(ng - 1.0, 1.0), base)
     a = r - base
-    if no_std:
-        a = a * sg
-    else:
-        a = a / (np.sqrt(var[group]) + EPS / sg)
+    with np.errstate(over="ignore"):  # eps / a subnormal scale is inf: A is then ~0, correctly
+        if no_std:
+            a = a * sg
+        else:
+            a = a / (np.sqrt(var[group]) + EPS / sg)
     a = np.where(ng < 2, 0.0, a)
     return np.where(finite, a, np.nan)
 

@@ -5,7 +5,8 @@ moves the finished tables into place only when the ``with`` block exits normally
 exception (KeyboardInterrupt included) the temp directory is deleted and earlier outputs are
 left untouched. A run killed with SIGKILL leaves its temp directory behind; the next
 ``AtomicOutput`` on that ``out_dir`` removes it (an flock on ``.lock`` tells live runs from dead
-ones). Readers skip the temp directory anyway: its name starts with ``.``.
+ones; a dir killed before it held its lock is told by the dead pid in its name). Readers skip
+the temp directory anyway: its name starts with ``.``.
 
 Commit order: old ``report`` out, old ``rows`` out, new ``rows`` in, new ``report`` in (each a
 single ``rename``). So a ``report`` present in ``out_dir`` always belongs to the ``rows`` next
@@ -374,8 +375,11 @@ def _remove_if_stale(tmp: Path) -> bool:
     lock = tmp / LOCK_NAME
     try:
         fd = os.open(lock, os.O_RDWR)
-    except FileNotFoundError:  # not yet locked, or died before locking: judge by age
-        if time.time() - _mtime(tmp) > STALE_AGE_S:
+    except FileNotFoundError:  # not yet locked, or died before locking
+        # A writer is without its lock only between mkdtemp and flock (microseconds), so a
+        # lock-less dir whose creator (the pid in its name) is gone is stale now; a SIGKILL in
+        # that window used to leave the dir for an hour. Otherwise judge by age.
+        if _creator_gone(tmp) or time.time() - _mtime(tmp) > STALE_AGE_S:
             shutil.rmtree(tmp, ignore_errors=True)
             return True
         return False
@@ -395,6 +399,24 @@ def _remove_if_stale(tmp: Path) -> bool:
         return stale
     finally:
         os.close(fd)
+
+
+def _creator_gone(tmp: Path) -> bool:
+    """True when the pid in ``.chainrows-tmp-<pid>-<rand>`` names no live process (a reused
+    pid only makes this say False: the dir then waits for STALE_AGE_S, the safe direction)."""
+    try:
+        pid = int(tmp.name[len(TMP_PREFIX):].split("-", 1)[0])
+    except ValueError:
+        return False
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists (e.g. another user's process) or cannot tell
+        return False
+    return False
 
 
 def _mtime(path: Path) -> float:

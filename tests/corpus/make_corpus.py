@@ -174,6 +174,11 @@ case("bad_rewards_and_failed_call", "non-finite rewards; a failed (poison) call"
      {"exit": 0, "report": {"wx": masked("capture_failed"), "nan": masked("reward_invalid"),
                             "inf": masked("reward_invalid"), "null": masked("reward_invalid")}})
 
+t = base(one_call("tiny", "g", 5e-324), one_call("zero", "g", 0.0), one_call("huge", "h", 1e308),
+         one_call("huge2", "h", -1e308))
+case("extreme_rewards", "a subnormal and float64-limit rewards: finite advantages, no numpy "
+     "warning on stderr", t, {"exit": 0, "report": {"tiny": OK, "zero": OK, "huge": OK, "huge2": OK}})
+
 b = worked_example("acc")
 b.output(["c1", "c2", "c3", "c5"], accepted=["resp-c1", None, "resp-c3", "resp-c5"])
 t = base(b)
