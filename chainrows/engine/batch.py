@@ -20,6 +20,14 @@ MISSING = -2  # an id that names no call of the rollout
 NO_TOKENS = -1  # tok_start / lp_start of a call without a token row (or a null logprobs list)
 
 
+def readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view. Kernels take inputs read-only so each compiles for one array type
+    (Numba types writable and read-only arrays apart; a cache warmed on one misses the other)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 @dataclass
 class Batch:
     # per rollout (R)

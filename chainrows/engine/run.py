@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from chainrows.engine.batch import Batch
+from chainrows.engine.batch import Batch, readonly
 from chainrows.engine.checks import rollout_checks
 from chainrows.engine.chunks import balanced_chunks
 from chainrows.engine.cut import cut_chains, terminal_chain
@@ -60,14 +60,8 @@ class RowArrays:
 
 def _readonly(batch: Batch) -> Batch:
     """A copy of the batch holding read-only views, so each kernel compiles for one array type."""
-    views = {}
-    for f in fields(batch):
-        value = getattr(batch, f.name)
-        if isinstance(value, np.ndarray):
-            value = value.view()
-            value.flags.writeable = False
-        views[f.name] = value
-    return Batch(**views)
+    return Batch(**{f.name: readonly(v) if isinstance(v := getattr(batch, f.name), np.ndarray) else v
+                    for f in fields(batch)})
 
 
 def _chunks(batch: Batch) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.engine.batch import MISSING, NO_TOKENS, ROOT, Batch
+from chainrows.engine.batch import MISSING, NO_TOKENS, ROOT, Batch, readonly
 from chainrows.engine.select import call_key_hashes
 from chainrows.io.errors import InputError
 
@@ -141,7 +141,7 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     # candidate index: calls with keys, sorted by (rollout, item count, hash of all their keys)
     with_keys = np.flatnonzero(key_len > 0)
     whole = np.empty(C, dtype=np.uint64)
-    call_key_hashes(key_off, item_keys, whole)
+    call_key_hashes(readonly(key_off), readonly(item_keys), whole)
     cand_call = with_keys[np.lexsort((whole[with_keys], key_len[with_keys], l_r[with_keys]))]
     cand_off = _offsets_from_owner(l_r[cand_call], R)
 

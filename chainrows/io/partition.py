@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import fnv1a_strings
 from chainrows.io.dataset import iter_table_batches, table_schema
 
@@ -35,7 +36,7 @@ def string_hashes(col) -> np.ndarray:
     if offsets[0] < 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > len(data):
         raise ValueError("string offsets outside the data buffer")
     out = np.empty(len(arr), dtype=np.uint64)
-    fnv1a_strings(np.ascontiguousarray(offsets), data, out)
+    fnv1a_strings(readonly(np.ascontiguousarray(offsets)), readonly(data), out)
     return out
 
 
