@@ -46,6 +46,7 @@ import xxhash
 
 from chainrows.io.schema import REPORT_SCHEMA, ROWS_SCHEMA, tables_from_pylists
 from chainrows.reasons import REASONS
+from chainrows.io.columnar import range_index as _range_index
 
 __all__ = ["reconcile", "reconcile_output"]
 
@@ -205,16 +206,6 @@ def _np(col, dtype=None, fill=None) -> np.ndarray:
         arr = pc.fill_null(arr, fill)
     out = arr.to_numpy(zero_copy_only=False)
     return out.astype(dtype) if dtype is not None else out
-
-
-def _range_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + n) for each (s, n)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    shift = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths)
-    return shift + np.arange(total, dtype=np.int64)
 
 
 def _first_index(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

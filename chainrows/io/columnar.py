@@ -262,8 +262,8 @@ def _aligned_ids(col, dest_off, owners, iddict):
     bad = present & (lens != want)
     good = present & ~bad
     codes = _codes(values, iddict, missing=-1)
-    src = _range_index(starts[good], lens[good])
-    dst = _range_index(dest_off[owners[good]], lens[good])
+    src = range_index(starts[good], lens[good])
+    dst = range_index(dest_off[owners[good]], lens[good])
     out[dst] = codes[src]
     return out, bad
 
@@ -326,7 +326,7 @@ def _offsets_from_owner(owner, n) -> np.ndarray:
     return _offsets_from_lengths(np.bincount(owner, minlength=n).astype(np.int64))
 
 
-def _range_index(starts, lengths) -> np.ndarray:
+def range_index(starts, lengths) -> np.ndarray:
     """Concatenation of arange(s, s + n) for each (s, n), vectorised."""
     lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
@@ -341,7 +341,7 @@ def _take_ranges(values, starts, lengths) -> np.ndarray:
     if len(starts) and starts[0] == 0 and np.all(starts[1:] == starts[:-1] + lengths[:-1]) and \
             int(lengths.sum()) == len(values):
         return np.ascontiguousarray(values)
-    return values[_range_index(starts, lengths)]
+    return values[range_index(starts, lengths)]
 
 
 def _list_parts(col, table, column, null_is_empty=True):
