@@ -44,9 +44,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
+from chainrows.io.columnar import range_index as _range_index
 from chainrows.io.schema import REPORT_SCHEMA, ROWS_SCHEMA, tables_from_pylists
 from chainrows.reasons import REASONS
-from chainrows.io.columnar import range_index as _range_index
 
 __all__ = ["reconcile", "reconcile_output"]
 
