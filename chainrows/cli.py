@@ -28,14 +28,23 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
+def _int_at_least(lowest: int):
+    """argparse type: an integer >= lowest."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"must be >= {lowest}")
+        return value
+
+    return parse
+
+
+_positive = _int_at_least(0)
+_at_least_one = _int_at_least(1)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,16 +52,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"chainrows: error: {' '.join(message.split())} (see chainrows --help)\n")
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
