@@ -40,9 +40,8 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     ledger = _canonical("ledger", ledger)
     tokens = _canonical("tokens", tokens)
     rollouts = _canonical("rollouts", rollouts)
-    rid = _sorted_unique([ledger["rollout_id"], tokens["rollout_id"], rollouts["rollout_id"]])
+    rid, (l_r, t_r, ro_r) = _encode_sorted([ledger["rollout_id"], tokens["rollout_id"], rollouts["rollout_id"]])
     R = len(rid)
-    l_r = _codes(ledger["rollout_id"], rid)
     order = np.argsort(l_r, kind="stable")
     if np.any(order != np.arange(len(order))):
         ledger = ledger.take(pa.array(order))
@@ -51,15 +50,14 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     call_off = _offsets_from_owner(l_r, R)
 
     # calls: ids -> (rollout, code) keys
-    cdict = _unique([ledger["call_id"], tokens["call_id"]])
-    call_key = _pair_keys(l_r, _codes(ledger["call_id"], cdict), len(cdict))
-    call_index = _KeyIndex(call_key)
+    n_cid, (l_c, t_c, p_c) = _encode([ledger["call_id"], tokens["call_id"], ledger["parent_id"]])
+    call_index = _KeyIndex(_pair_keys(l_r, l_c, n_cid))
     dup_call_id = call_index.later_duplicates()
-    parent = _parent_index(ledger["parent_id"], l_r, cdict, call_index)
+    parent = call_index.lookup(_pair_keys(l_r, p_c, n_cid))
+    parent[p_c < 0] = ROOT  # p_c is -1 exactly where parent_id is null
 
     # tokens join
-    t_r = _codes(tokens["rollout_id"], rid)
-    t_call = call_index.lookup(_pair_keys(t_r, _codes(tokens["call_id"], cdict), len(cdict)))
+    t_call = call_index.lookup(_pair_keys(t_r, t_c, n_cid))
     matched = t_call >= 0
     counts = np.bincount(t_call[matched], minlength=C)
     dup_tokens = counts > 1
@@ -80,20 +78,18 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
 
     # responses
     acc_present = "accepted_response_ids" in rollouts.column_names
-    rec = _Records(rollouts, rid)
+    rec = _Records(rollouts, ro_r, R)
     resp_cols = [ledger["response_id"], rec.table["terminal_response_id"]]
     if acc_present:
         resp_cols.append(pc.list_flatten(rec.table["accepted_response_ids"]))
-    rdict = _unique(resp_cols)
-    resp_index = _KeyIndex(_pair_keys(l_r, _codes(ledger["response_id"], rdict), len(rdict)))
+    n_resp, resp_codes = _encode(resp_cols)
+    resp_index = _KeyIndex(_pair_keys(l_r, resp_codes[0], n_resp))
     dup_response_id = resp_index.later_duplicates()
 
     terminal = np.full(R, ROOT, dtype=np.int64)
-    term_col = rec.table["terminal_response_id"]
-    term_given = _np_bool(pc.is_valid(term_col))
+    term_given = resp_codes[1] >= 0  # null terminal_response_id: not given
     rr = rec.rollout[term_given]
-    term_codes = _codes(pc.filter(term_col, pa.array(term_given)), rdict, missing=-1)
-    terminal[rr] = _lookup_or_missing(resp_index, rr, term_codes, len(rdict))
+    terminal[rr] = _lookup_or_missing(resp_index, rr, resp_codes[1][term_given], n_resp)
 
     has_acc = np.zeros(R, dtype=bool)
     acc_len = np.zeros(R, dtype=np.int64)
@@ -103,9 +99,8 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         has_acc[rec.rollout] = _np_bool(pc.is_valid(acc_col))
         lens = _list_lengths(acc_col)
         acc_len[rec.rollout] = lens
-        acc_values = pc.list_flatten(acc_col)  # null lists contribute nothing
-        owner = np.repeat(rec.rollout, lens)
-        acc_call = _lookup_or_missing(resp_index, owner, _codes(acc_values, rdict, missing=-1), len(rdict))
+        owner = np.repeat(rec.rollout, lens)  # list_flatten: null lists contribute nothing
+        acc_call = _lookup_or_missing(resp_index, owner, resp_codes[2], n_resp)
     acc_off = _offsets_from_lengths(acc_len)
 
     # item keys and ids
@@ -119,10 +114,11 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     out_off = _offsets_from_lengths(out_len)
     out_keys = _take_ranges(_values(o_values, np.uint64, "rollouts", "output_keys"), o_starts, o_stops - o_starts)
 
-    id_cols = [pc.list_flatten(ledger["item_ids"]), pc.list_flatten(rec.table["output_ids"])]
-    iddict = _unique(id_cols)
-    item_ids, item_ids_bad_len = _aligned_ids(ledger["item_ids"], key_off, np.arange(C), iddict)
-    out_ids_r, out_bad_r = _aligned_ids(rec.table["output_ids"], out_off, rec.rollout, iddict)
+    item_parts = _list_parts(ledger["item_ids"], "", "", null_is_empty=False)
+    out_parts = _list_parts(rec.table["output_ids"], "", "", null_is_empty=False)
+    n_iid, (item_codes, out_codes) = _encode([item_parts[2], out_parts[2]])
+    item_ids, item_ids_bad_len = _aligned_ids(item_parts, item_codes, key_off, np.arange(C))
+    out_ids_r, out_bad_r = _aligned_ids(out_parts, out_codes, out_off, rec.rollout)
     out_ids = out_ids_r
     out_ids_bad_len = np.zeros(R, dtype=bool)
     out_ids_bad_len[rec.rollout] = out_bad_r
@@ -130,7 +126,7 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     # which output ids are served by some call, which calls serve an output id
     call_of_item = np.repeat(np.arange(C, dtype=np.int64), key_len)
     rollout_of_out = np.repeat(np.arange(R, dtype=np.int64), out_len)
-    Q = max(len(iddict), 1)
+    Q = max(n_iid, 1)
     item_pair = _pair_keys(l_r[call_of_item], item_ids, Q)
     out_pair = _pair_keys(rollout_of_out, out_ids, Q)
     out_served = (out_ids >= 0) & _member(out_pair, item_pair[item_ids >= 0])
@@ -211,9 +207,7 @@ class _KeyIndex:
 class _Records:
     """The first rollouts row of each rollout id, in rollout index order."""
 
-    def __init__(self, rollouts: pa.Table, rid: pa.Array):
-        R = len(rid)
-        ro_r = _codes(rollouts["rollout_id"], rid)
+    def __init__(self, rollouts: pa.Table, ro_r: np.ndarray, R: int):
         uniq, first, counts = np.unique(ro_r, return_index=True, return_counts=True)
         self.rollout = uniq.astype(np.int64)  # rollout index of each kept record
         self.table = rollouts.take(pa.array(first.astype(np.int64)))
@@ -239,29 +233,20 @@ def _groups(rec: _Records, R: int) -> tuple[np.ndarray, pa.Array]:
     return group.astype(np.int64).reshape(-1), group_ids
 
 
-def _parent_index(parent_col, l_r, cdict, call_index) -> np.ndarray:
-    is_null = _np_bool(pc.is_null(parent_col))
-    code = _codes(parent_col, cdict, missing=-1)
-    found = _pair_keys(l_r, code, len(cdict))
-    parent = call_index.lookup(found)
-    parent[is_null] = ROOT
-    return parent
-
-
-def _aligned_ids(col, dest_off, owners, iddict):
+def _aligned_ids(parts, codes, dest_off, owners):
     """Id codes aligned with the keys' offsets (-1 null) and a bad-length flag per owner.
 
-    ``col`` holds one id list per owner; a null list means every id is null.
+    ``parts`` = _list_parts of a column holding one id list per owner (a null list means every
+    id is null); ``codes`` = the codes of its values.
     """
     total = int(dest_off[-1])
     out = np.full(total, -1, dtype=np.int64)
-    starts, stops, values = _list_parts(col, "", "", null_is_empty=False)
+    starts, stops, _ = parts
     present = starts >= 0
     lens = np.where(present, stops - starts, 0)
     want = dest_off[owners + 1] - dest_off[owners]
     bad = present & (lens != want)
     good = present & ~bad
-    codes = _codes(values, iddict, missing=-1)
     src = range_index(starts[good], lens[good])
     dst = range_index(dest_off[owners[good]], lens[good])
     out[dst] = codes[src]
@@ -270,32 +255,44 @@ def _aligned_ids(col, dest_off, owners, iddict):
 
 # ---- small Arrow/numpy helpers ----
 
-def _unique(cols) -> pa.Array:
+def _encode(cols) -> tuple[int, list[np.ndarray]]:
+    """Dense int64 codes for several string columns at once, -1 for null: (number of codes, codes per column).
+
+    One dictionary_encode over all the columns' chunks (one hash pass; Arrow shares the
+    dictionary across the chunks of one array), instead of a unique and then an index_in per
+    column.
+    """
+    enc, dictionary = _dictionary_encode(cols)
+    return len(dictionary), enc
+
+
+def _encode_sorted(cols) -> tuple[pa.Array, list[np.ndarray]]:
+    """_encode with the codes renumbered in byte order of the strings: (sorted strings, codes)."""
+    codes, dictionary = _dictionary_encode(cols)
+    order = pc.sort_indices(dictionary).to_numpy().astype(np.int64)
+    rank = np.empty(len(order) + 1, dtype=np.int64)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    rank[-1] = -1  # code -1 (null) stays -1
+    return dictionary.take(pa.array(order)).cast(pa.string()), [rank[c] for c in codes]
+
+
+def _dictionary_encode(cols):
     chunks = []
+    lengths = []
     for col in cols:
-        col = col.cast(pa.large_string()) if col.type != pa.large_string() else col
-        chunks.extend(col.chunks if isinstance(col, pa.ChunkedArray) else [col])
-    if not chunks:
-        return pa.array([], pa.large_string())
-    u = pc.unique(pa.chunked_array(chunks, pa.large_string()))
-    return u.filter(pc.is_valid(u))
-
-
-def _sorted_unique(cols) -> pa.Array:
-    u = _unique(cols)
-    return u.take(pc.sort_indices(u)).cast(pa.string())
-
-
-def _codes(col, dictionary, missing=None) -> np.ndarray:
-    """int64 index of each value in dictionary; nulls and misses become ``missing``."""
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    idx = pc.index_in(col.cast(dictionary.type), value_set=dictionary)
-    if idx.null_count:
-        if missing is None:
-            raise AssertionError("every id is in its dictionary by construction")
-        idx = pc.fill_null(idx, missing)
-    return idx.to_numpy(zero_copy_only=False).astype(np.int64)
+        parts = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+        chunks.append(parts)
+        lengths.append(len(col))
+    flat = [c for parts in chunks for c in parts if len(c)]
+    target = pa.string() if all(c.type == pa.string() for c in flat) else pa.large_string()
+    if not flat:
+        return [np.zeros(n, dtype=np.int64) for n in lengths], pa.array([], target)
+    enc = pc.dictionary_encode(pa.chunked_array([c if c.type == target else c.cast(target) for c in flat], target))
+    dictionary = enc.chunk(enc.num_chunks - 1).dictionary
+    idx = np.concatenate([pc.fill_null(c.indices, -1).to_numpy(zero_copy_only=False) for c in enc.chunks])
+    idx = idx.astype(np.int64)
+    bounds = np.cumsum([0] + lengths)
+    return [idx[bounds[i]:bounds[i + 1]] for i in range(len(cols))], dictionary
 
 
 def _pair_keys(owner, code, n_codes) -> np.ndarray:
