@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from chainrows.engine.batch import Batch, readonly
+from chainrows.engine.buffers import empty
 from chainrows.engine.checks import rollout_checks
 from chainrows.engine.chunks import balanced_chunks
 from chainrows.engine.cut import cut_chains, terminal_chain
@@ -132,10 +133,10 @@ def gather_rows(batch: Batch, dec: Decisions, placeholders: bool = False) -> Row
     call_off = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(row_ncalls, out=call_off[1:])
     T = int(tok_off[-1])
-    input_ids = np.empty(T, dtype=np.int32)
-    loss_mask = np.empty(T, dtype=np.uint8)
-    logprobs = np.empty(T if b.has_logprobs else 0, dtype=np.float32)
-    row_calls = np.empty(int(call_off[-1]), dtype=np.int64)
+    input_ids = empty(T, np.int32)
+    loss_mask = empty(T, np.uint8)
+    logprobs = empty(T if b.has_logprobs else 0, np.float32)
+    row_calls = empty(int(call_off[-1]), np.int64)
     fill_rows(chunks, ok, placeholders, row_off, tok_off, call_off, dec.sel_off, dec.sel, dec.sel_len,
               dec.chain_start, b.tok_start, b.delta_len, b.gen_len, b.tokens, b.has_logprobs,
               b.lp_start, b.logprobs, input_ids, loss_mask, logprobs, row_calls)
