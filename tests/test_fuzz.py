@@ -1060,6 +1060,9 @@ def test_batch_validate_refuses_out_of_bounds_arrays():
         "terminal past the calls": (bump("terminal", 0, C), "terminal"),
         "cand_call outside": (bump("cand_call", 0, C), "cand_call"),
         "group outside": (bump("group", 0, 10_000), "group"),
+        "tok_order outside": (bump("tok_order", 0, C), "tok_order"),
+        "tok_order repeats a call": (bump("tok_order", 1, good.tok_order[0]), "tok_order"),
+        "tok_order misses a call": (replace("tok_order", good.tok_order[1:].copy()), "tok_order"),
         "short per-call array": (replace("gen_len", good.gen_len[:-1].copy()), "gen_len"),
         "wrong dtype": (replace("delta_len", good.delta_len.astype(np.int32)), "delta_len"),
         "not contiguous": (replace("prev_len", np.repeat(good.prev_len, 2)[::2]), "prev_len"),
@@ -1098,7 +1101,7 @@ except ValueError:
 """
 
 _INDEX_FIELDS = ("call_off", "out_off", "acc_off", "cand_off", "key_off", "parent", "terminal",
-                 "acc_call", "cand_call", "tok_start", "tok_stop", "lp_start", "lp_stop", "group",
+                 "acc_call", "cand_call", "tok_start", "tok_stop", "tok_order", "lp_start", "lp_stop", "group",
                  "prev_len", "delta_len", "gen_len", "out_ids", "item_ids")
 
 

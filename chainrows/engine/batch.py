@@ -68,6 +68,7 @@ class Batch:
     tok_start: np.ndarray  # int64[C] into tokens, NO_TOKENS when the call has no token row
     tok_stop: np.ndarray  # int64[C]
     tokens: np.ndarray  # int32[T] one flat buffer
+    tok_order: np.ndarray  # int64[K] every call with a token row once, in token-buffer order
     has_logprobs: bool
     lp_start: np.ndarray  # int64[C] into logprobs, NO_TOKENS when null or no token row
     lp_stop: np.ndarray  # int64[C]
@@ -113,6 +114,7 @@ class Batch:
             raise ValueError("cand_len: differs from the call's item count")
         _check_ranges("tok", self.tok_start, self.tok_stop, len(self.tokens))
         _check_ranges("lp", self.lp_start, self.lp_stop, len(self.logprobs))
+        _check_order(self.tok_order, self.tok_start, C)
         if len(self.group) and (self.group.min() < 0 or self.group.max() >= R):
             raise ValueError("group: index outside [0, num_rollouts)")
 
@@ -127,7 +129,7 @@ _DTYPES = {
     "dup_call_id": np.bool_, "dup_response_id": np.bool_, "dup_tokens": np.bool_,
     "item_ids_bad_len": np.bool_, "identified": np.bool_, "key_off": np.int64,
     "item_keys": np.uint64, "item_ids": np.int64, "tok_start": np.int64, "tok_stop": np.int64,
-    "tokens": np.int32, "lp_start": np.int64, "lp_stop": np.int64, "logprobs": np.float32,
+    "tokens": np.int32, "tok_order": np.int64, "lp_start": np.int64, "lp_stop": np.int64, "logprobs": np.float32,
 }
 assert set(_DTYPES) | {"has_logprobs"} == {f.name for f in fields(Batch)}
 
@@ -167,6 +169,16 @@ def _check_same_rollout(name, idx, owner, call_off, allow) -> None:
             raise ValueError(f"{name}: index outside its rollout's calls")
     if bad.any():
         raise ValueError(f"{name}: invalid sentinel")
+
+
+def _check_order(order, tok_start, C) -> None:
+    """tok_order lists each call with a token row exactly once (the order itself is free: it
+    only decides which memory the data checks read first)."""
+    if len(order) and (order.min() < 0 or order.max() >= C):
+        raise ValueError("tok_order: index outside [0, num_calls)")
+    seen = np.bincount(order, minlength=C)
+    if np.any(seen > 1) or np.any(seen[tok_start != NO_TOKENS] != 1):
+        raise ValueError("tok_order: must list every call with a token row exactly once")
 
 
 def _check_ranges(name, start, stop, size) -> None:

@@ -17,7 +17,7 @@ from chainrows.engine.chunks import balanced_chunks
 from chainrows.engine.cut import cut_chains, terminal_chain
 from chainrows.engine.gather import fill_rows, row_sizes
 from chainrows.engine.select import select_calls
-from chainrows.engine.verify import verify_chains
+from chainrows.engine.verify import data_checks, mark_chain_calls, verify_chains
 
 MODES = ("cc", "ordinary")
 
@@ -71,6 +71,13 @@ def _chunks(batch: Batch) -> np.ndarray:
     return balanced_chunks(per_call[batch.call_off] + np.arange(batch.num_rollouts + 1))
 
 
+def _order_chunks(batch: Batch) -> np.ndarray:
+    """Chunks over positions of tok_order, of about equal token counts."""
+    o = batch.tok_order
+    per = np.concatenate(([0], np.cumsum(batch.tok_stop[o] - batch.tok_start[o] + 1)))
+    return balanced_chunks(per)
+
+
 def decide(batch: Batch, mode: str = "cc") -> Decisions:
     """Status of every rollout of the batch per SPEC §3, and its chains."""
     if mode not in MODES:
@@ -104,9 +111,14 @@ def decide(batch: Batch, mode: str = "cc") -> Decisions:
         terminal_chain(chunks, detail, bad_call, b.call_off, b.parent, b.terminal,
                        np.zeros(C, dtype=np.uint8), sel, sel_len, chain_start, n_chains)
         num_selected = sel_len.copy()
+    need = np.zeros(C, dtype=np.uint8)
+    mark_chain_calls(chunks, detail, sel_off, sel, sel_len, need)
+    status = np.zeros(C, dtype=np.int32)
+    data_checks(_order_chunks(b), b.tok_order, need, b.parent, b.chain_hash, b.gen_len, b.tok_start,
+                b.tok_stop, b.tokens, b.has_logprobs, b.lp_start, b.lp_stop, b.logprobs, status)
     verify_chains(chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, b.parent,
-                  b.prev_len, b.delta_len, b.gen_len, b.chain_hash, b.tok_start, b.tok_stop,
-                  b.tokens, b.has_logprobs, b.lp_start, b.lp_stop, b.logprobs)
+                  b.prev_len, b.delta_len, b.gen_len, b.tok_start, b.tok_stop, b.has_logprobs,
+                  b.lp_start, b.lp_stop, status)
     n_chains[detail != 0] = 0
     return Decisions(detail, bad_call, bad_pos, sel_off, sel, sel_len, chain_start, n_chains, num_selected)
 

@@ -4,6 +4,12 @@ Plain-Python definition, per rollout, chains in order: walk from the chain's lea
 and require exactly the chain's calls (11); then for each call, root first: a token row (12),
 lengths (13), the XXH3-64 chain hash seeded with the parent's recorded hash (14), logprobs
 (15). The first failure is the rollout's reason.
+
+Checks 14–15 of a call depend on that call alone (its tokens, its logprobs, its parent's
+recorded hash), so they run first in a separate pass, data_checks, over the calls the chains
+use, visiting them in token-buffer order: front-to-back reads run ~2x faster than the chain
+order, which jumps around the buffer (hashing a 1 GB batch: 36 vs 71 ms). verify_chains then
+walks the chains in SPEC order and reads each call's result.
 """
 
 from __future__ import annotations
@@ -44,9 +50,9 @@ def _walk(s, i0, i1, sel, parent):
 
 
 @jit
-def _check_call(c, is_root, parent, prev_len, delta_len, gen_len, chain_hash, tok_start, tok_stop,
-                tokens, has_logprobs, lp_start, lp_stop, logprobs):
-    """Checks 12–15 on one call; returns the detail id of the first failure, 0 when fine."""
+def _check_meta(c, is_root, parent, prev_len, delta_len, gen_len, tok_start, tok_stop,
+                has_logprobs, lp_start, lp_stop):
+    """Checks 12, 13 and the logprobs length of one call; the detail id of the first failure, or 0."""
     ts = tok_start[c]
     if ts < 0:
         return D_MISSING_TOKENS
@@ -67,31 +73,78 @@ def _check_call(c, is_root, parent, prev_len, delta_len, gen_len, chain_hash, to
     if has_logprobs:
         if lp_start[c] < 0 or lp_stop[c] - lp_start[c] != n:
             return D_LEN_LOGPROBS
-    seed = np.uint64(0) if is_root else chain_hash[parent[c]]
+    return 0
+
+
+@jit
+def _check_data(c, parent, chain_hash, gen_len, tok_start, tok_stop, tokens, has_logprobs, lp_start,
+                lp_stop, logprobs):
+    """Checks 14–15 of one call; 0 when fine, or when a range is unusable (checks 12–13 fail first).
+
+    A chain's first call is always a root (the cut and the terminal walk make it so, and
+    check 11 confirms it), so the seed is 0 exactly when the call has no parent.
+    """
+    ts = tok_start[c]
+    n = tok_stop[c] - ts
+    g = gen_len[c]
+    if ts < 0 or g < 1 or g > n:
+        return 0
+    if has_logprobs and (lp_start[c] < 0 or lp_stop[c] - lp_start[c] != n):
+        return 0
+    p = parent[c]
+    seed = chain_hash[p] if p >= 0 else np.uint64(0)
     if xxh3_64_tokens(tokens, ts, tok_stop[c], seed) != chain_hash[c]:
         return D_HASH
     if has_logprobs:
-        # branch-free scans (they vectorise); the flags say which check failed first
-        ls = lp_start[c]
+        # branch-free scans over a slice view: indexing logprobs[start + i] directly keeps LLVM
+        # from vectorising (Numba's negative-index wraparound): 4.6 vs 36 GB/s in cache
+        lp = logprobs[lp_start[c]:lp_stop[c]]
         nonfinite = False
-        for i in range(n):
-            x = logprobs[ls + i]
-            nonfinite |= (x - x) != 0.0  # NaN and ±inf give NaN
-        if nonfinite:
-            return D_LOGPROB_NONFINITE
         carry_nonzero = False
         for i in range(n - g):
-            carry_nonzero |= logprobs[ls + i] != 0.0
+            x = lp[i]
+            nonfinite |= (x - x) != 0.0  # NaN and ±inf give NaN
+            carry_nonzero |= x != 0.0
+        for i in range(n - g, n):
+            x = lp[i]
+            nonfinite |= (x - x) != 0.0
+        if nonfinite:
+            return D_LOGPROB_NONFINITE
         if carry_nonzero:
             return D_LOGPROB_CARRY
     return 0
 
 
 @pjit
+def mark_chain_calls(chunks, detail, sel_off, sel, sel_len, need):
+    """need[c] = 1 for every call in a chain of a rollout still ok (need: uint8[C], zero on entry)."""
+    for kk in prange(len(chunks) - 1):
+        for r in range(chunks[kk], chunks[kk + 1]):
+            if detail[r] == 0:
+                s = sel_off[r]
+                for i in range(sel_len[r]):
+                    need[sel[s + i]] = 1
+
+
+@pjit
+def data_checks(chunks, tok_order, need, parent, chain_hash, gen_len, tok_start, tok_stop, tokens,
+                has_logprobs, lp_start, lp_stop, logprobs, status):
+    """status[c] = _check_data of every needed call, calls visited as tok_order lists them.
+
+    ``chunks`` splits positions of tok_order.
+    """
+    for kk in prange(len(chunks) - 1):
+        for j in range(chunks[kk], chunks[kk + 1]):
+            c = tok_order[j]
+            if need[c]:
+                status[c] = _check_data(c, parent, chain_hash, gen_len, tok_start, tok_stop, tokens,
+                                        has_logprobs, lp_start, lp_stop, logprobs)
+
+
+@pjit
 def verify_chains(chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, parent, prev_len,
-                  delta_len, gen_len, chain_hash, tok_start, tok_stop, tokens, has_logprobs,
-                  lp_start, lp_stop, logprobs):
-    """Steps 11–15 on every chain of every rollout still ok."""
+                  delta_len, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_stop, status):
+    """Steps 11–15 on every chain of every rollout still ok; 14–15 read from data_checks' status."""
     for kk in prange(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):
             if detail[r] != 0:
@@ -110,9 +163,10 @@ def verify_chains(chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, 
                     break
                 for i in range(i0, i1):
                     c = sel[s + i]
-                    d = _check_call(c, i == i0, parent, prev_len, delta_len, gen_len, chain_hash,
-                                    tok_start, tok_stop, tokens, has_logprobs, lp_start, lp_stop,
-                                    logprobs)
+                    d = _check_meta(c, i == i0, parent, prev_len, delta_len, gen_len, tok_start,
+                                    tok_stop, has_logprobs, lp_start, lp_stop)
+                    if d == 0:
+                        d = status[c]
                     if d != 0:
                         detail[r] = d
                         bad_call[r] = c

@@ -63,6 +63,11 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     dup_tokens = counts > 1
     tok_row = np.full(C, -1, dtype=np.int64)
     tok_row[t_call[matched]] = np.flatnonzero(matched)
+    # calls in token-row order (a call with several rows at the row it kept): the token buffer's
+    # order, so the data checks read it front to back
+    kept = np.zeros(len(t_call), dtype=bool)
+    kept[tok_row[tok_row >= 0]] = True
+    tok_order = t_call[kept]
     tok_starts, tok_stops, tok_values = _list_parts(tokens["tokens"], "tokens", "tokens")
     tok_start, tok_stop = _gather_ranges(tok_row, tok_starts, tok_stops)
     token_buf = _values(tok_values, np.int32, "tokens", "tokens")
@@ -160,7 +165,7 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         failed=_np_bool(ledger["failed"]), dup_call_id=dup_call_id, dup_response_id=dup_response_id,
         dup_tokens=dup_tokens, item_ids_bad_len=item_ids_bad_len, identified=identified,
         key_off=key_off, item_keys=item_keys, item_ids=item_ids, tok_start=tok_start,
-        tok_stop=tok_stop, tokens=token_buf, has_logprobs=has_logprobs, lp_start=lp_start,
+        tok_stop=tok_stop, tokens=token_buf, tok_order=tok_order, has_logprobs=has_logprobs, lp_start=lp_start,
         lp_stop=lp_stop, logprobs=lp_buf,
     )
     labels = Labels(
