@@ -239,3 +239,26 @@ def flat_token_runs(batch):
     parent = batch.parent[has]
     seeds = np.where(parent >= 0, batch.chain_hash[np.maximum(parent, 0)], 0).astype(np.uint64)
     return starts, stops, seeds
+
+
+_PARALLEL_COPY = None
+
+
+def parallel_copy(dst: np.ndarray, src: np.ndarray, pieces: int = 64) -> None:
+    """dst[:] = src[:] split into ``pieces`` ranges run on Numba's threads: the memory-copy
+    floor at a given thread count (how far memory bandwidth scales with threads here)."""
+    global _PARALLEL_COPY
+    if _PARALLEL_COPY is None:
+        import numba
+
+        @numba.njit(parallel=True, nogil=True, cache=True)
+        def copy(dst, src, pieces):
+            n = len(src)
+            step = (n + pieces - 1) // pieces
+            for k in numba.prange(pieces):
+                a = min(n, k * step)
+                b = min(n, a + step)
+                dst[a:b] = src[a:b]
+
+        _PARALLEL_COPY = copy
+    _PARALLEL_COPY(dst, src, pieces)

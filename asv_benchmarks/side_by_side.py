@@ -204,6 +204,17 @@ def engine_vs_reference(rep: Report, n: int, n_ref: int, repeats: int) -> None:
         rep.ratio(f"engine vs reference, {threads} thread(s)", f"{_fmt_n(n / te)} rollouts/s",
                   f"{(n / te) / ref_rps:.0f}x", "times the reference's rollouts/s"
                   + ("" if n_ref == n else f" (ref on {n_ref})"))
+    need = (t_ref / n_ref) * n / 200
+    out_b = sum(res.rows.column(c).combine_chunks().values.nbytes for c in ("input_ids", "loss_mask", "logprobs")
+                if c in res.rows.column_names)
+    src_b = np.ones(out_b, dtype=np.uint8)
+    dst_b = np.empty_like(src_b)
+    t_copy, _ = common.best_of(lambda: np.copyto(dst_b, src_b), repeats)
+    del src_b, dst_b
+    rep.line(f"200x the reference = {_fmt_s(need)} for these {n} rollouts; np.copyto of their "
+             f"{_fmt_b(out_b)} of row tokens alone takes {_fmt_s(t_copy)} ({need / t_copy:.2f}x that floor)")
+    rep.ratio("  time 200x the reference allows / memcpy of the rows", _fmt_s(need), f"{need / t_copy:.2f}x",
+              "the whole pipeline would have to run in this many memcpys")
     if n_ref == n:
         same = (res.report.select(["rollout_id", "status", "reason"]).to_pylist()
                 == [{k: r[k] for k in ("rollout_id", "status", "reason")} for r in ref_report])
@@ -287,6 +298,11 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
         fns = {"decide": run_decide, "gather": run_gather, "hash": run_hash}
         for fn in fns.values():  # untimed: first run at this thread count
             fn()
+        def run_pcopy():
+            common.parallel_copy(dst, src)
+
+        run_pcopy()
+        fns["pcopy"] = run_pcopy
         if threads == 1:
             fns = {"floor": floor_touched, "floor_fresh": floor_fresh, **fns}
         best = _interleaved(fns, repeats)
@@ -325,6 +341,11 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
                   "times the 1-thread floor")
         rep.ratio(f"decide+gather speed-up, {nt} threads vs 1", "", f"{d1 / dn:.2f}x",
                   f"ideal {nt}x; shared machine")
+        pc1, pcn = times[("pcopy", 1)], times[("pcopy", nt)]
+        rep.line(f"memory-copy floor with Numba threads: 1 thread {_fmt_s(pc1)}, {nt} threads {_fmt_s(pcn)} "
+                 f"-> {pc1 / pcn:.2f}x: what memory bandwidth allows a copy-bound kernel to gain")
+        rep.ratio(f"  copy floor speed-up, {nt} threads vs 1", "", f"{pc1 / pcn:.2f}x",
+                  "the same bytes copied by a prange kernel")
     if peak is not None and base_rss is not None:
         extra = peak - base_rss
         rep.line(f"peak memory of build_batch + decide + gather (1 thread), over the RSS with the input "
