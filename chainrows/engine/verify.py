@@ -77,41 +77,53 @@ def _check_meta(c, is_root, parent, prev_len, delta_len, gen_len, tok_start, tok
 
 
 @jit
-def _check_data(c, parent, chain_hash, gen_len, tok_start, tok_stop, tokens, has_logprobs, lp_start,
-                lp_stop, logprobs):
-    """Checks 14–15 of one call; 0 when fine, or when a range is unusable (checks 12–13 fail first).
-
-    A chain's first call is always a root (the cut and the terminal walk make it so, and
-    check 11 confirms it), so the seed is 0 exactly when the call has no parent.
-    """
+def _data_ranges_ok(c, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_stop):
+    """The call's ranges pass checks 12–13 and the logprobs length (else those fail first and
+    its data is not looked at)."""
     ts = tok_start[c]
     n = tok_stop[c] - ts
     g = gen_len[c]
     if ts < 0 or g < 1 or g > n:
-        return 0
-    if has_logprobs and (lp_start[c] < 0 or lp_stop[c] - lp_start[c] != n):
-        return 0
+        return False
+    return not has_logprobs or (lp_start[c] >= 0 and lp_stop[c] - lp_start[c] == n)
+
+
+@jit
+def _check_hash(c, parent, chain_hash, tok_start, tok_stop, tokens):
+    """Check 14. A chain's first call is always a root (the cut and the terminal walk make it so,
+    and check 11 confirms it), so the seed is 0 exactly when the call has no parent."""
     p = parent[c]
     seed = chain_hash[p] if p >= 0 else np.uint64(0)
-    if xxh3_64_tokens(tokens, ts, tok_stop[c], seed) != chain_hash[c]:
+    if xxh3_64_tokens(tokens, tok_start[c], tok_stop[c], seed) != chain_hash[c]:
         return D_HASH
-    if has_logprobs:
-        # branch-free scans over a slice view: indexing logprobs[start + i] directly keeps LLVM
-        # from vectorising (Numba's negative-index wraparound): 4.6 vs 36 GB/s in cache
-        lp = logprobs[lp_start[c]:lp_stop[c]]
-        nonfinite = False
-        carry_nonzero = False
-        for i in range(n - g):
-            x = lp[i]
-            nonfinite |= (x - x) != 0.0  # NaN and ±inf give NaN
-            carry_nonzero |= x != 0.0
-        for i in range(n - g, n):
-            x = lp[i]
-            nonfinite |= (x - x) != 0.0
-        if nonfinite:
-            return D_LOGPROB_NONFINITE
-        if carry_nonzero:
-            return D_LOGPROB_CARRY
+    return 0
+
+
+@jit(inline="always")
+def _max_abs_bits(seg):
+    """Max over float32 values of their bits with the sign cleared, read as uint32: some value
+    is non-finite iff it is >= 0x7F800000 (all-ones exponent), some is nonzero iff it is > 0
+    (-0.0 counts as zero, as ``x != 0.0`` has it). An integer max over a slice view vectorises;
+    bool |= over logprobs[start + i] did not (9.7 vs 12.5 GB/s in cache, and 4.6 with the
+    direct indexing, which Numba's negative-index wraparound keeps scalar)."""
+    u = seg.view(np.uint32)
+    mx = np.uint32(0)
+    for i in range(len(u)):
+        mx = max(mx, np.uint32(u[i] & np.uint32(0x7FFFFFFF)))
+    return mx
+
+
+@jit
+def _check_logprobs(c, gen_len, lp_start, lp_stop, logprobs):
+    """Check 15: finite logprobs, 0.0 on the carry."""
+    a = lp_start[c]
+    b = lp_stop[c]
+    m = b - gen_len[c]
+    carry = _max_abs_bits(logprobs[a:m])
+    if max(carry, _max_abs_bits(logprobs[m:b])) >= np.uint32(0x7F800000):
+        return D_LOGPROB_NONFINITE
+    if carry != 0:
+        return D_LOGPROB_CARRY
     return 0
 
 
@@ -129,16 +141,23 @@ def mark_chain_calls(chunks, detail, sel_off, sel, sel_len, need):
 @pjit
 def data_checks(chunks, tok_order, need, parent, chain_hash, gen_len, tok_start, tok_stop, tokens,
                 has_logprobs, lp_start, lp_stop, logprobs, status):
-    """status[c] = _check_data of every needed call, calls visited as tok_order lists them.
+    """status[c] = the first failing of checks 14–15 (0: none) for every needed call whose ranges
+    pass checks 12–13, calls visited as tok_order lists them; ``chunks`` splits tok_order.
 
-    ``chunks`` splits positions of tok_order.
+    Hashes first, then logprobs, in two sweeps: one buffer streamed at a time reads ~1.7x
+    faster than alternating between the two (1 GB batch: 70 vs 120 ms).
     """
     for kk in prange(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
             c = tok_order[j]
-            if need[c]:
-                status[c] = _check_data(c, parent, chain_hash, gen_len, tok_start, tok_stop, tokens,
-                                        has_logprobs, lp_start, lp_stop, logprobs)
+            if need[c] and _data_ranges_ok(c, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_stop):
+                status[c] = _check_hash(c, parent, chain_hash, tok_start, tok_stop, tokens)
+        if has_logprobs:
+            for j in range(chunks[kk], chunks[kk + 1]):
+                c = tok_order[j]
+                if need[c] and status[c] == 0 and _data_ranges_ok(c, gen_len, tok_start, tok_stop,
+                                                                   has_logprobs, lp_start, lp_stop):
+                    status[c] = _check_logprobs(c, gen_len, lp_start, lp_stop, logprobs)
 
 
 @pjit
