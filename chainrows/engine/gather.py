@@ -9,7 +9,21 @@ from __future__ import annotations
 
 from numba import prange
 
-from chainrows.engine._jit import pjit
+from chainrows.engine._jit import jit, pjit
+
+
+@jit(inline="always")
+def _copy(dst, src):
+    """dst[:] = src[:] for views of equal length. An explicit loop over slice views: Numba's
+    slice assignment ran ~1.5x slower on 460-token blocks (59-93 vs 52-59 ms per 530 MB)."""
+    for i in range(len(src)):
+        dst[i] = src[i]
+
+
+@jit(inline="always")
+def _fill(dst, value):
+    for i in range(len(dst)):
+        dst[i] = value
 
 
 @pjit
@@ -74,10 +88,10 @@ def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off,
                 d = delta_len[c]
                 src = tok_start[c]
                 carry = d - gen_len[c]
-                input_ids[t:t + d] = tokens[src:src + d]
-                loss_mask[t:t + carry] = 0
-                loss_mask[t + carry:t + d] = 1
+                _copy(input_ids[t:t + d], tokens[src:src + d])
+                _fill(loss_mask[t:t + carry], 0)
+                _fill(loss_mask[t + carry:t + d], 1)
                 if has_logprobs:
                     lsrc = lp_start[c]
-                    out_logprobs[t:t + d] = logprobs[lsrc:lsrc + d]
+                    _copy(out_logprobs[t:t + d], logprobs[lsrc:lsrc + d])
                 t += d
