@@ -76,6 +76,22 @@ def test_engine_matches_reference_large_batches(seed):
     compare(seed, ledger, tokens, rollouts, options)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_engine_matches_reference_through_the_candidate_index(seed):
+    """The same with select's direct scan of small candidate sets turned off, so every position
+    goes through the (item count, key hash) index that large rollouts use."""
+    from chainrows.engine import select
+
+    ledger, tokens, rollouts, options = random_dataset(seed)
+    saved = select.LINEAR_MAX
+    select.LINEAR_MAX = 0
+    try:
+        compare(seed, ledger, tokens, rollouts, options)
+    finally:
+        select.LINEAR_MAX = saved
+
+
 def test_corruptions_reach_every_reason_code():
     """The random inputs above do exercise every reason code (else the property is weak)."""
     from chainrows.reasons import REASONS

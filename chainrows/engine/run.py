@@ -16,6 +16,7 @@ from chainrows.engine.checks import rollout_checks
 from chainrows.engine.chunks import balanced_chunks
 from chainrows.engine.cut import cut_chains, terminal_chain
 from chainrows.engine.gather import fill_rows, row_sizes
+from chainrows.engine import select
 from chainrows.engine.select import select_calls
 from chainrows.engine.verify import data_checks, mark_chain_calls, verify_chains
 
@@ -101,7 +102,7 @@ def decide(batch: Batch, mode: str = "cc") -> Decisions:
         select_calls(chunks, detail, bad_pos, bad_call, b.out_off, b.out_keys, b.out_ids,
                      b.out_served, b.terminal, b.has_acc, b.acc_off, b.acc_call, b.cand_off, b.cand_len,
                      b.cand_hash, b.cand_call, b.call_off, b.parent, b.identified, b.key_off, b.item_keys,
-                     b.item_ids, sel, sel_len, np.zeros(C, dtype=np.uint8))
+                     b.item_ids, sel, sel_len, np.zeros(C, dtype=np.uint8), select.LINEAR_MAX)
         num_selected = sel_len.copy()
         cut_chains(chunks, detail, bad_call, sel_off, sel, sel_len, b.parent, chain_start, n_chains)
     else:
