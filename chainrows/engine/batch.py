@@ -159,16 +159,13 @@ def _check_offsets(name, off, total, owners=None) -> None:
 
 def _check_same_rollout(name, idx, owner, call_off, allow) -> None:
     """Every index is an allowed sentinel or a call of the owner's rollout."""
-    real = idx >= 0
-    bad = ~real & ~np.isin(idx, np.asarray(allow, dtype=np.int64))
-    if real.any():
-        r = owner[real]
-        v = idx[real]
-        bad_real = (v < call_off[r]) | (v >= call_off[r + 1])
-        if bad_real.any():
-            raise ValueError(f"{name}: index outside its rollout's calls")
-    if bad.any():
-        raise ValueError(f"{name}: invalid sentinel")
+    ok = (idx >= call_off[owner]) & (idx < call_off[owner + 1])
+    for sentinel in allow:
+        ok |= idx == sentinel
+    if not ok.all():
+        first = idx[np.argmin(ok)]
+        raise ValueError(f"{name}: index outside its rollout's calls" if first >= 0
+                         else f"{name}: invalid sentinel")
 
 
 def _check_order(order, tok_start, C) -> None:
@@ -182,6 +179,6 @@ def _check_order(order, tok_start, C) -> None:
 
 
 def _check_ranges(name, start, stop, size) -> None:
-    present = start != NO_TOKENS
-    if np.any(start[present] < 0) or np.any(stop[present] < start[present]) or np.any(stop[present] > size):
+    bad = (start != NO_TOKENS) & ((start < 0) | (stop < start) | (stop > size))
+    if bad.any():
         raise ValueError(f"{name}_start/{name}_stop: range outside the buffer")
