@@ -1,7 +1,8 @@
 """The engine's entry points: decide every rollout of a Batch, then gather its rows.
 
 A handful of kernel calls per batch, whatever the number of rollouts: checks, select + cut
-(cc) or terminal walk (ordinary), verify, then two gather passes.
+(cc) or terminal walk (ordinary), the data checks (hashes, logprobs) in token-buffer order,
+the chain walk that reads them in SPEC order, then two gather passes.
 """
 
 from __future__ import annotations
