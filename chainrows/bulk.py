@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from collections import Counter
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,19 +28,32 @@ import pyarrow.parquet as pq
 from chainrows.api import run_tables
 from chainrows.io.dataset import read_dataset, table_files, table_schema
 from chainrows.io.errors import InputError
-from chainrows.io.partition import bucket_dir, partition
+from chainrows.io.partition import bucket_dir, partition, read_bucket, release_memory, string_hashes
 from chainrows.io.rowgroups import RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
 from chainrows.io.write import AtomicOutput
 from chainrows.progress import Progress, human_bytes
 
 DEFAULT_BUDGET = 4 << 30  # a laptop's worth
-# Peak RSS of one in-memory reassembly over its uncompressed input, measured on synth data:
-# ~11x for a 41 MB bucket (input tables + combined token/logprob buffers + Batch + gathered
-# rows + Arrow output tables + writer buffers). Spill buckets are sized with it.
+# What the budget covers: the peak resident set of the whole process (VmHWM), interpreter,
+# libraries and loaded kernels included. docs/limits.md "Memory budget" has the measurements.
+#
+# In-memory run (Arrow's default pool, mimalloc): peak RSS over the uncompressed input, measured
+# 6.5-8.2x on 17-207 MiB synth inputs; it decides, with BASE_RSS, whether a dataset fits at all.
 PEAK_FACTOR = 12.0
-BASE_RSS = 320 << 20  # interpreter + numba + pyarrow + compiled kernels and thread pools: ~250 MB measured, up to ~300 MB in CI
-READER_BYTES = 6 << 20  # Arrow keeps ~4-5 MB of buffers per open Parquet reader (measured)
+BASE_RSS = 320 << 20  # process baseline where it cannot be measured (no /proc): ~220 MiB measured
+# Partitioned run: one bucket's peak above the measured baseline per uncompressed input byte,
+# allocator memory retained from earlier buckets included: measured 6.2x (31 MiB buckets).
+SPILL_PEAK_FACTOR = 6.0
+# A bucket's estimated peak may take this share of the headroom (budget - baseline); the rest
+# is margin for what the factor does not capture (another machine's allocator behaviour, a
+# bucket bigger than the average).
+BUCKET_SHARE = 0.6
+READER_BYTES = 8 << 20  # one open Parquet reader (bucket reports) in the merge, its batch included (~7 MiB measured)
+# The merge buffers one batch per open run: together 1/MERGE_SHARE of the headroom (its sort
+# and the output row group hold a few times that).
+MERGE_SHARE = 16
+MIN_RUN_BATCH = 64 << 10
 
 
 @dataclass
@@ -144,9 +158,71 @@ def input_bytes(dataset_dir) -> dict[str, int]:
 
 
 def plan_buckets(total_bytes: int, budget: int) -> int:
-    """Number of spill buckets so that one bucket's estimated peak fits the budget."""
+    """1 when an in-memory run's estimated peak fits the budget, else at least 2 (a first cut,
+    made before anything is loaded; a partitioned run re-plans with :func:`spill_buckets`)."""
     usable = max(budget - BASE_RSS, budget // 4)
     return max(1, math.ceil(total_bytes * PEAK_FACTOR / usable))
+
+
+def headroom(budget: int, base: int) -> int:
+    """Memory the partitioned phases may use above the process baseline. A budget below the
+    baseline cannot be met; the phases then get a quarter of it and the peak exceeds it."""
+    return max(budget - base, budget // 4)
+
+
+def spill_buckets(total_bytes: int, budget: int, base: int) -> int:
+    """Spill buckets so that one bucket's estimated peak (SPILL_PEAK_FACTOR x its input) stays
+    within BUCKET_SHARE of the headroom above the measured ``base``."""
+    per_bucket = BUCKET_SHARE * headroom(budget, base) / SPILL_PEAK_FACTOR
+    return max(2, math.ceil(total_bytes / per_bucket))
+
+
+def process_rss() -> int | None:
+    """This process's resident set now (VmRSS), or None where /proc is unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def measure_baseline(opts: dict, has_lp: bool) -> int:
+    """The process baseline the partitioned phases add to: RSS once every kernel is loaded.
+
+    Numba loads cached kernels on first call, so a tiny synthetic reassembly (with the run's
+    options) and a string hash run first; then VmRSS is read. ``BASE_RSS`` where it cannot be.
+    """
+    from chainrows import api
+    from chainrows.synth import synth_tables
+
+    ledger, tokens, rollouts = synth_tables(8, seed=0, logprobs=has_lp)
+    api.run_tables(ledger, tokens, rollouts, **opts)  # not this module's name: tests count those calls
+    string_hashes(rollouts["rollout_id"])
+    del ledger, tokens, rollouts
+    release_memory()
+    rss = process_rss()
+    return rss if rss is not None else BASE_RSS
+
+
+@contextmanager
+def one_arrow_thread():
+    """Arrow's CPU thread pool at one thread for a partitioned run, restored afterwards.
+
+    Arrow's default allocator (mimalloc) keeps memory freed by a thread resident in that
+    thread's heap, so what a run retains grows with the threads decoding and sorting for it,
+    i.e. with the machine's core count. One thread bounds it whatever the machine: measured on
+    the 2.2 GB test dataset at a 512 MiB budget (2 cores), peak 419 -> 390 MiB, RSS left after
+    partitioning 238 -> 217 MiB. The kernels keep their own (Numba) threads.
+    """
+    previous = pa.cpu_count()
+    pa.set_cpu_count(1)
+    try:
+        yield
+    finally:
+        pa.set_cpu_count(previous)
 
 
 WORK_DIR = ".chainrows-work"  # spill buckets and finished bucket outputs, kept for --resume
@@ -171,27 +247,31 @@ def run(dataset_dir, out_dir, *, mode="cc", placeholders=False, baseline="mean",
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     work = out / WORK_DIR
-    with AtomicOutput(out) as staged:
-        rows_w, report_w = _final_writers(staged, has_lp)
-        try:
-            if k == 1:
-                bar = Progress("reassemble", 1, enabled=progress, unit="steps")
-                ds = read_dataset(dataset_dir)
-                result, orphans = run_tables(ds.ledger, ds.tokens, ds.rollouts, **opts)
-                del ds
-                summary.add(result.rows, result.report, orphans)
-                rows_w.write(result.rows)
-                report_w.write(result.report)
-                bar.advance(1)
-                bar.close()
-            else:
-                manifest = _manifest(dataset_dir, opts, k, memory_budget)
-                _prepare_work(work, manifest, resume)
-                _run_partitioned(dataset_dir, work, k, opts, memory_budget, total, summary,
-                                 rows_w, report_w, has_lp, progress)
-        finally:
-            rows_w.close()
-            report_w.close()
+    with (one_arrow_thread() if k > 1 else nullcontext()):
+        if k > 1:
+            base = measure_baseline(opts, has_lp)
+            manifest = _manifest(dataset_dir, opts, buckets or spill_buckets(total, memory_budget, base),
+                                 memory_budget)
+            k = summary.buckets = _prepare_work(work, manifest, resume, planned=buckets is None)
+        with AtomicOutput(out) as staged:
+            rows_w, report_w = _final_writers(staged, has_lp)
+            try:
+                if k == 1:
+                    bar = Progress("reassemble", 1, enabled=progress, unit="steps")
+                    ds = read_dataset(dataset_dir)
+                    result, orphans = run_tables(ds.ledger, ds.tokens, ds.rollouts, **opts)
+                    del ds
+                    summary.add(result.rows, result.report, orphans)
+                    rows_w.write(result.rows)
+                    report_w.write(result.report)
+                    bar.advance(1)
+                    bar.close()
+                else:
+                    _run_partitioned(dataset_dir, work, k, opts, memory_budget, base, total,
+                                     summary, rows_w, report_w, has_lp, progress)
+            finally:
+                rows_w.close()
+                report_w.close()
     shutil.rmtree(work, ignore_errors=True)  # only after the outputs are committed
     summary.seconds = time.perf_counter() - t0
     return summary
@@ -209,21 +289,28 @@ def _manifest(dataset_dir, opts, k, budget) -> dict:
         for f in table_files(dataset_dir, name):
             st = f.stat()
             files[str(f.resolve())] = [st.st_size, st.st_mtime_ns]
-    return {"version": 1, "files": files, "options": opts, "buckets": k, "budget": budget}
+    # version 2: IPC spill files (a version-1 work dir is not resumed)
+    return {"version": 2, "files": files, "options": opts, "buckets": k, "budget": budget}
 
 
-def _prepare_work(work: Path, manifest: dict, resume: bool) -> None:
-    """Keep ``work`` when resuming the same job; otherwise start it afresh."""
+def _prepare_work(work: Path, manifest: dict, resume: bool, planned: bool) -> int:
+    """Keep ``work`` when resuming the same job, otherwise start it afresh; returns the bucket
+    count. A planned count depends on the measured baseline, which varies by a few MiB from
+    run to run, so a resumed job keeps the count it was partitioned with."""
     path = work / "manifest.json"
     if resume and path.exists():
         try:
-            if json.loads(path.read_text()) == manifest:
-                return
+            old = json.loads(path.read_text())
+            if planned and isinstance(old.get("buckets"), int) and old["buckets"] >= 2:
+                manifest = {**manifest, "buckets": old["buckets"]}
+            if old == manifest:
+                return manifest["buckets"]
         except (OSError, ValueError):
             pass
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     _write_atomic(path, json.dumps(manifest, sort_keys=True))
+    return manifest["buckets"]
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -232,43 +319,56 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _run_partitioned(dataset_dir, work: Path, k, opts, budget, total, summary, rows_w, report_w,
-                     has_lp, progress):
+def _run_partitioned(dataset_dir, work: Path, k, opts, budget, base, total, summary, rows_w,
+                     report_w, has_lp, progress):
+    room = headroom(budget, base)
     spill = work / "spill"
     if not (work / "partitioned").exists():
         shutil.rmtree(spill, ignore_errors=True)
         bar = Progress("partition", total, enabled=progress)
-        partition(dataset_dir, spill, k, _batch_rows(dataset_dir, budget), bar,
-                  buffer_bytes=max(8 << 20, (budget - BASE_RSS) // 8))
+        # Measured above the baseline (2.2 GB input, 135 buckets): the streaming Parquet reader
+        # holds ~13x its batch (8 MiB batches: +120 MiB; 2 MiB: +60), the bucket buffers ~2.4x
+        # their size (12/24/48 MiB: +108/+142/+189 MiB with 2 MiB batches). So batches of
+        # room/128 and buffers of room/16 keep the phase near a third of the headroom.
+        partition(dataset_dir, spill, k, _batch_rows(dataset_dir, room // 128), bar,
+                  buffer_bytes=max(4 << 20, room // 16))
         bar.close()
         (work / "partitioned").touch()
     bar = Progress("reassemble", k, enabled=progress, unit="buckets")
+    fan_in = _fan_in(k, room)
+    run_bytes = max(1, room // (MERGE_SHARE * fan_in))  # one buffered batch per open run
     outs = []
     for b in range(k):
         d = bucket_dir(spill, b)
-        rows_f, report_f, done = d / "out-rows.parquet", d / "out-report.parquet", d / "done.json"
+        rows_f, report_f, done = d / "out-rows.arrow", d / "out-report.parquet", d / "done.json"
         if not done.exists():
-            ds = read_dataset(d)
-            result, orphans = run_tables(ds.ledger, ds.tokens, ds.rollouts, **opts)
-            del ds
+            ledger, tokens, rollouts = read_bucket(d)
+            result, orphans = run_tables(ledger, tokens, rollouts, **opts)
+            del ledger, tokens, rollouts
             part = Summary()
             part.add(result.rows, result.report, orphans)
-            _write_spill(result.rows.cast(rows_schema(has_lp)), rows_f, _spill_group_rows(result.rows, budget, k))
+            _write_run(result.rows.cast(rows_schema(has_lp)), rows_f, run_bytes)
             _write_spill(result.report, report_f, 65536)
             del result
             _write_atomic(done, json.dumps(part.to_json()))
             for name in ("ledger", "tokens", "rollouts"):
                 shutil.rmtree(d / name, ignore_errors=True)
-            pa.default_memory_pool().release_unused()
+            release_memory()
         summary.merge(Summary.from_json(json.loads(done.read_text())))
         outs.append((rows_f, report_f))
         bar.advance(1)
     bar.close()
-    fan_in = max(2, min((budget - BASE_RSS) // (4 * READER_BYTES), _open_file_limit() // 4))
-    row_bytes = max(_avg_row_bytes(outs), 1)
-    merge_rows = int(max(16, (budget - BASE_RSS) // (16 * min(k, fan_in) * row_bytes)))
-    _merge_tree([o[0] for o in outs], rows_w, merge_rows, fan_in, spill / "merge-rows")
-    _merge_tree([o[1] for o in outs], report_w, 65536, fan_in, spill / "merge-report")
+    _merge_tree([o[0] for o in outs], rows_w, run_bytes, fan_in, spill / "merge-rows")
+    # report runs stay Parquet (small rows; tests plant markers in them): fewer open at once
+    report_fan_in = max(2, min(fan_in, room // (4 * READER_BYTES)))
+    _merge_tree([o[1] for o in outs], report_w, max(1, room // (MERGE_SHARE * report_fan_in)),
+                report_fan_in, spill / "merge-report")
+
+
+def _fan_in(k: int, room: int) -> int:
+    """Sorted runs merged at once: all of them (one level) unless the open-file limit, or
+    batches below MIN_RUN_BATCH in the merge's share of the headroom, say fewer."""
+    return max(2, min(k, _open_file_limit() // 4, room // (MERGE_SHARE * MIN_RUN_BATCH)))
 
 
 def _open_file_limit() -> int:
@@ -283,57 +383,107 @@ def _open_file_limit() -> int:
 
 
 def _write_spill(table: pa.Table, path: Path, group_rows: int) -> None:
-    """A bucket's sorted output, in small row groups: the merge holds one group per bucket."""
+    """A bucket's sorted report, as Parquet in small row groups."""
     tmp = path.with_name(path.name + ".tmp")
     pq.write_table(table, tmp, compression="lz4", use_dictionary=False, row_group_size=group_rows)
     os.replace(tmp, path)
 
 
-def _spill_group_rows(rows: pa.Table, budget: int, k: int) -> int:
-    per_row = max(rows.nbytes // max(rows.num_rows, 1), 1)
-    return int(max(16, budget // (8 * k * per_row)))
+def _parquet_batch_rows(path: Path, batch_bytes: int) -> int:
+    if Path(path).suffix == RUN_SUFFIX:
+        return 0  # IPC runs keep the batches they were written with
+    md = pq.ParquetFile(path).metadata
+    return int(max(16, batch_bytes * max(md.num_rows, 1) // max(_uncompressed(md), 1)))
 
 
-def _avg_row_bytes(outs) -> int:
-    footers = [pq.ParquetFile(r).metadata for r, _ in outs]
-    return sum(_uncompressed(md) for md in footers) // max(sum(md.num_rows for md in footers), 1)
-
-
-def _batch_rows(dataset_dir, budget) -> int:
-    """Rows per input batch while partitioning: about budget / 64 bytes of tokens per batch."""
+def _batch_rows(dataset_dir, batch_bytes: int) -> int:
+    """Rows per input batch while partitioning: about ``batch_bytes`` of tokens per batch."""
     footers = [_footer("tokens", f) for f in table_files(dataset_dir, "tokens")]
     rows = sum(md.num_rows for md in footers)
     size = sum(_uncompressed(md) for md in footers)
     per_row = max(size / max(rows, 1), 1.0)
-    return int(max(64, min(1 << 20, (budget / 64) / per_row)))
+    return int(max(64, min(1 << 20, batch_bytes / per_row)))
 
 
-class _SpillWriter:
-    """Writer for intermediate merge runs: small row groups, fast compression."""
+# Sorted runs of rows (bucket outputs, intermediate merge runs) are Arrow IPC files. A Parquet
+# reader holds decoder state and page buffers (~7 MiB, more once Arrow's allocator keeps its
+# pages), which capped the fan-in at 9 for a 512 MiB budget: 69 buckets of the 2.2 GB test
+# dataset merged in two levels, peak 492-518 MiB. An IPC reader holds just its current batch,
+# so all 69 merge in one level: peak 338-377 MiB, and the whole run took 106-120 s, not 160.
+RUN_SUFFIX = ".arrow"
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
 
-    def __init__(self, path: Path, schema: pa.Schema, group_rows: int):
-        self._w = pq.ParquetWriter(path, schema, compression="lz4", use_dictionary=False)
-        self.group_rows = group_rows
+
+def _batches_of(table: pa.Table, batch_bytes: int):
+    """``table`` in record batches of about ``batch_bytes`` each (at least one row)."""
+    per_row = max(table.nbytes // max(table.num_rows, 1), 1)
+    return table.to_batches(max_chunksize=max(1, batch_bytes // per_row))
+
+
+def _write_run(table: pa.Table, path: Path, batch_bytes: int) -> None:
+    """A sorted run as an Arrow IPC file of ``batch_bytes`` batches (atomically)."""
+    tmp = path.with_name(path.name + ".tmp")
+    w = _RunWriter(tmp, table.schema, batch_bytes)
+    try:
+        w.write(table)
+    finally:
+        w.close()
+    os.replace(tmp, path)
+
+
+class _RunWriter:
+    """Writer of a sorted run (Arrow IPC, lz4 buffers) in batches of about ``batch_bytes``."""
+
+    def __init__(self, path: Path, schema: pa.Schema, batch_bytes: int):
+        self._sink = pa.OSFile(str(path), "wb")
+        self._w = pa.ipc.new_file(self._sink, schema, options=_IPC_OPTIONS)
+        self.batch_bytes = batch_bytes
 
     def write(self, table: pa.Table) -> None:
-        self._w.write_table(table, row_group_size=self.group_rows)
+        for batch in _batches_of(table, self.batch_bytes):
+            self._w.write_batch(batch)
 
     def close(self) -> None:
-        self._w.close()
+        try:
+            self._w.close()
+        finally:
+            self._sink.close()
 
 
-def _merge_tree(files, writer, batch_rows: int, fan_in: int, scratch: Path) -> None:
-    """Merge sorted files into ``writer``, at most ``fan_in`` open at once (extra rounds if needed)."""
+def _run_schema(path: Path) -> pa.Schema:
+    if Path(path).suffix == RUN_SUFFIX:
+        with pa.OSFile(str(path)) as src:
+            return pa.ipc.open_file(src).schema
+    return pq.read_schema(path)
+
+
+def _run_batches(path: Path, batch_rows: int):
+    """The record batches of a sorted run, one at a time: as written for an IPC run, streamed
+    ``batch_rows`` rows at a time for a Parquet one (bucket reports)."""
+    if Path(path).suffix == RUN_SUFFIX:
+        pool = pa.default_memory_pool()
+        with pa.OSFile(str(path), memory_pool=pool) as src:
+            reader = pa.ipc.open_file(src, memory_pool=pool)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+    else:
+        yield from pq.ParquetFile(path, pre_buffer=False, buffer_size=64 << 10).iter_batches(
+            batch_size=batch_rows, use_threads=False)
+
+
+def _merge_tree(files, writer, batch_bytes: int, fan_in: int, scratch: Path) -> None:
+    """Merge sorted files into ``writer``, at most ``fan_in`` open at once (extra rounds if
+    needed, through IPC runs of ``batch_bytes`` batches)."""
     level = 0
     while len(files) > fan_in:
         scratch.mkdir(parents=True, exist_ok=True)
         merged = []
         for i in range(0, len(files), fan_in):
             group = files[i:i + fan_in]
-            path = scratch / f"run-{level}-{i // fan_in:05d}.parquet"
-            w = _SpillWriter(path, pq.read_schema(group[0]), batch_rows)
+            path = scratch / f"run-{level}-{i // fan_in:05d}{RUN_SUFFIX}"
+            w = _RunWriter(path, _run_schema(group[0]), batch_bytes)
             try:
-                _merge_sorted(group, w, batch_rows)
+                _merge_sorted(group, w, batch_bytes)
             finally:
                 w.close()
             if level:  # intermediate runs only: bucket outputs stay for --resume
@@ -341,14 +491,12 @@ def _merge_tree(files, writer, batch_rows: int, fan_in: int, scratch: Path) -> N
                     Path(f).unlink(missing_ok=True)
             merged.append(path)
         files, level = merged, level + 1
-    _merge_sorted(files, writer, batch_rows)
+    _merge_sorted(files, writer, batch_bytes)
 
 
-def _merge_sorted(files, writer, batch_rows: int) -> None:
+def _merge_sorted(files, writer, batch_bytes: int) -> None:
     """k-way merge of files sorted by rollout_id (ids disjoint across files), batch at a time."""
-    # one buffered stream per column per file: keep each small, k files are open at once
-    iters = [pq.ParquetFile(f, pre_buffer=False, buffer_size=64 << 10).iter_batches(batch_size=batch_rows, use_threads=False)
-             for f in files]
+    iters = [_run_batches(f, _parquet_batch_rows(f, batch_bytes)) for f in files]
     bufs: list[pa.Table | None] = [None] * len(iters)
 
     def refill(i):
@@ -375,4 +523,4 @@ def _merge_sorted(files, writer, batch_rows: int) -> None:
         keys = [("rollout_id", "ascending")] + ([("segment", "ascending")] if "segment" in merged.column_names else [])
         writer.write(merged.take(pc.sort_indices(merged, sort_keys=keys)))
         del merged, pieces
-        pa.default_memory_pool().release_unused()
+        release_memory()

@@ -2,25 +2,53 @@
 
 Every row goes to bucket ``hash(group_id) % K`` of its rollout (``hash(rollout_id)`` when the
 rollout has no rollouts row or a null group), so a bucket holds whole GRPO groups and every
-token row of its calls, in original order (capture order survives). Each bucket is then a
-small SPEC §2 dataset on disk: ``<spill>/bucket-00007/{ledger,tokens,rollouts}.parquet``.
+token row of its calls, in original order (capture order survives). A bucket's tables are
+Arrow IPC part files, ``<spill>/bucket-00007/{ledger,tokens,rollouts}/part-000003.arrow``,
+holding rows already checked and normalized by the reader (:func:`read_bucket` reads them back).
+
+Why IPC and not Parquet: the rows need no second check, and reading a bucket's ~100 Parquet
+parts per table left Arrow's allocator holding far more. Measured on the first 25 of 69 buckets
+of the 2.2 GB test dataset (31 MiB each): RSS between buckets grew 195 -> 268 MiB and peaked at
+431 MiB reading Parquet parts, 195 -> 211 MiB and 372 MiB reading IPC parts, 2.3x faster.
 """
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import fnv1a_strings
 from chainrows.io.dataset import iter_table_batches, table_schema
 
 TABLES = ("rollouts", "ledger", "tokens")
-SPILL_OPTIONS = dict(compression="lz4", use_dictionary=False, write_statistics=False)
+
+
+def _find_malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc only
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+_MALLOC_TRIM = _find_malloc_trim()
+
+
+def release_memory() -> None:
+    """Hand freed memory back to the OS: Arrow's pool, then glibc's heap. NumPy arrays live in
+    the latter, and one freed below glibc's adaptive mmap threshold (up to 32 MiB) stays
+    resident until trimmed (2.2 GB test dataset at 512 MiB: peak 413 -> 390 MiB with the trim,
+    RSS after partitioning 243 -> 216 MiB)."""
+    pa.default_memory_pool().release_unused()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
 
 
 def string_hashes(col) -> np.ndarray:
@@ -74,13 +102,37 @@ def bucket_dir(spill: Path, b: int) -> Path:
     return spill / f"bucket-{b:05d}"
 
 
+def _part_name(i: int) -> str:
+    return f"part-{i:06d}.arrow"
+
+
+def _write_part(path: Path, schema: pa.Schema, tables: list[pa.Table]) -> None:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema, options=SPILL_IPC) as w:
+        for table in tables:
+            w.write_table(table)
+
+
+def read_bucket(bucket: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """A bucket's ledger, tokens and rollouts (parts in write order), read through the current
+    Arrow pool."""
+    pool = pa.default_memory_pool()
+    tables = []
+    for name in ("ledger", "tokens", "rollouts"):
+        parts = []
+        for path in sorted((bucket / name).glob("part-*.arrow")):
+            with pa.OSFile(str(path), memory_pool=pool) as src:
+                parts.append(pa.ipc.open_file(src, memory_pool=pool).read_all())
+        tables.append(pa.concat_tables(parts))
+    return tables[0], tables[1], tables[2]
+
+
 def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progress=None,
               buffer_bytes: int = 64 << 20) -> list[Path]:
     """Write every bucket's three tables under ``spill``; returns the bucket directories.
 
     Rows are buffered per bucket and flushed, all buckets at once, as numbered part files
-    (``bucket-00007/tokens/part-00003.parquet``) whenever ``buffer_bytes`` are buffered: no
-    Parquet writer stays open, so memory does not grow with the number of buckets.
+    (``bucket-00007/tokens/part-000003.arrow``) whenever ``buffer_bytes`` are buffered: no
+    writer stays open, so memory does not grow with the number of buckets.
     """
     router = Router(dataset_dir, n_buckets, batch_rows)
     dirs = [bucket_dir(spill, b) for b in range(n_buckets)]
@@ -88,19 +140,18 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
         schema = table_schema(dataset_dir, name)
         for d in dirs:
             (d / name).mkdir(parents=True, exist_ok=True)
-            pq.write_table(schema.empty_table(), d / name / "part-000000.parquet", **SPILL_OPTIONS)
+            _write_part(d / name / _part_name(0), schema, [])
         buffers: list[list[pa.Table]] = [[] for _ in dirs]
         state = {"bytes": 0, "part": 1}
 
         def flush():
             for b, tables in enumerate(buffers):
                 if tables:
-                    path = dirs[b] / name / f"part-{state['part']:06d}.parquet"
-                    pq.write_table(pa.concat_tables(tables), path, **SPILL_OPTIONS)
+                    _write_part(dirs[b] / name / _part_name(state["part"]), schema, tables)
                     tables.clear()
             state["bytes"] = 0
             state["part"] += 1
-            pa.default_memory_pool().release_unused()
+            release_memory()
 
         for batch in iter_table_batches(dataset_dir, name, None, batch_rows):
             buckets = router.route(batch.column("rollout_id"))
