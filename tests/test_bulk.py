@@ -97,44 +97,101 @@ def test_plan_buckets_grows_with_size():
     assert bulk.plan_buckets(8 << 30, 1 << 30) >= 8 * bulk.PEAK_FACTOR
 
 
-# Peak RSS from VmHWM: ru_maxrss survives execve on Linux, so a child forked from a big pytest
-# process would report the parent's RSS at fork time (measured: ~1 GiB for a 495 MiB run).
+def test_spill_buckets_follow_the_measured_baseline():
+    size, budget = 2_250_000_000, 512 << 20  # the large test below
+    k = bulk.spill_buckets(size, budget, 200 << 20)
+    per_bucket = size / k
+    assert bulk.SPILL_PEAK_FACTOR * per_bucket <= bulk.BUCKET_SHARE * (budget - (200 << 20))
+    assert bulk.spill_buckets(size, budget, 300 << 20) > k  # a bigger process leaves less room
+    assert bulk.spill_buckets(1, budget, 200 << 20) == 2
+    # a budget below the baseline cannot be met; the phases still get a quarter of it
+    assert bulk.headroom(budget, 600 << 20) == budget // 4
+
+
+def test_baseline_is_the_process_rss_after_loading_kernels():
+    opts = dict(mode="cc", placeholders=False, baseline="mean", no_std=False,
+                baseline_population="all", row_weight="rollout")
+    base = bulk.measure_baseline(opts, True)
+    rss = bulk.process_rss()
+    if rss is None:  # no /proc: the constant
+        assert base == bulk.BASE_RSS
+    else:
+        assert 0 < base and abs(rss - base) < 64 << 20
+
+
+def test_resume_keeps_the_planned_bucket_count(dataset, tmp_path, monkeypatch):
+    """The planned count depends on the measured baseline; a resumed job keeps its own."""
+    out = tmp_path / "out"
+    real = bulk.run_tables
+    calls = []
+
+    def crash_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("crash")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bulk, "plan_buckets", lambda total, budget: 2)  # "does not fit"
+    monkeypatch.setattr(bulk, "spill_buckets", lambda total, budget, base: 4)
+    monkeypatch.setattr(bulk, "run_tables", crash_third)
+    with pytest.raises(RuntimeError):
+        bulk.run(dataset, out)
+    calls.clear()
+    monkeypatch.setattr(bulk, "spill_buckets", lambda total, budget, base: 5)  # another baseline
+    monkeypatch.setattr(bulk, "run_tables", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    summary = bulk.run(dataset, out, resume=True)
+    assert summary.buckets == 4 and len(calls) == 2  # buckets 2 and 3 only
+    bulk.run(dataset, tmp_path / "ref", buckets=1)
+    for name in ("rows.parquet", "report.parquet"):
+        assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+
+
+# The measured command is the CLI's, run in a fresh interpreter whose own VmHWM is read at the
+# end: ru_maxrss survives execve on Linux, so a child forked from a big pytest process would
+# report the parent's RSS at fork time (measured: ~1 GiB for a 495 MiB run).
 PEAK_SCRIPT = r"""
 import sys
-from chainrows import bulk
-buckets = int(sys.argv[4]) if len(sys.argv) > 4 else None
-s = bulk.run(sys.argv[1], sys.argv[2], memory_budget=int(sys.argv[3]), buckets=buckets)
+from chainrows.cli import main
+rc = main(["reassemble", *sys.argv[1:]])
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
-print(s.buckets, s.rollouts, int(hwm.split()[1]) * 1024)
+print(rc, int(hwm.split()[1]) * 1024)
 """
 
 
+def _peak(*args):
+    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, *map(str, args)],
+                         capture_output=True, text=True, check=True)
+    *summary, last = res.stdout.strip().splitlines()
+    rc, peak = map(int, last.split())
+    assert rc == 0, res.stdout + res.stderr
+    return "\n".join(summary), peak
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not os.environ.get("CHAINROWS_LARGE_TESTS"),
-                    reason="Linux only (VmHWM); 5 minutes and 2.2 GB of disk: set CHAINROWS_LARGE_TESTS=1. "
-                           "Peak was 495 MiB by hand and 559 MiB once in CI at a 512 MiB budget: open")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
 def test_larger_than_memory_stays_under_budget(tmp_path):
     """A dataset 4x the memory budget runs in buckets with peak RSS under the budget.
 
-    (Byte-identity with an in-memory run is tested on small data above: the bucket count
-    does not change the output.)
+    ``chainrows reassemble DATA OUT --memory-budget 512MiB`` on 2.2 GB (uncompressed) of
+    synthetic data; about 3 minutes and 4 GB of disk. (Byte-identity with an in-memory run is
+    tested on small data above: the bucket count does not change the output.)
     """
     data = tmp_path / "big"
     write_synth_dataset(data, 31_000, seed=3, mean_gen_tokens=900, prompt_tokens=3000, workers=2)
     budget = 512 << 20
     size = sum(bulk.input_bytes(data).values())
     assert size >= 4 * budget, f"dataset {size} too small for the test"
-    # warm Numba's on-disk cache first: a cold compile is a one-time cost, not data memory
+    # warm Numba's on-disk cache first, through the same partitioned path: a cold compile is a
+    # one-time cost, not data memory
     small = tmp_path / "small"
     write_synth_dataset(small, 16, seed=1)
-    subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(small), str(tmp_path / "warm"), str(budget), "2"],
-                   capture_output=True, text=True, check=True)
-    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(data), str(tmp_path / "out"), str(budget)],
-                         capture_output=True, text=True, check=True)
-    buckets, rollouts, peak = map(int, res.stdout.split())
+    _peak(small, tmp_path / "warm", "--memory-budget", "512MiB", "--buckets", "2")
+    summary, peak = _peak(data, tmp_path / "out", "--memory-budget", "512MiB")
+    buckets = int(next(line.split()[-1] for line in summary.splitlines() if line.startswith("buckets")).replace(",", ""))
+    rollouts = int(next(line.split()[-1] for line in summary.splitlines() if line.startswith("rollouts")).replace(",", ""))
     assert buckets > 1
     assert rollouts == _distinct_rollout_ids(data)  # every rollout reported once
-    assert peak < budget, f"peak RSS {peak >> 20} MiB over the {budget >> 20} MiB budget"
+    assert peak < budget, f"peak RSS {peak >> 20} MiB over the {budget >> 20} MiB budget\n{summary}"
 
 
 def _distinct_rollout_ids(data):
