@@ -50,10 +50,13 @@ SPILL_PEAK_FACTOR = 6.0
 # bucket bigger than the average).
 BUCKET_SHARE = 0.6
 READER_BYTES = 8 << 20  # one open Parquet reader (bucket reports) in the merge, its batch included (~7 MiB measured)
-# The merge buffers one batch per open run: together 1/MERGE_SHARE of the headroom (its sort
-# and the output row group hold a few times that).
+# The merge buffers up to two batches per open run: together at most 1/MERGE_SHARE of the
+# headroom (its sort and the output row group hold a few times that). A merge step emits the
+# rows every open run has passed, so batches of one row would make a step per row, each over
+# all runs: 116 runs of 1-row batches took 310 s to merge; batches of RUN_ROWS rows keep the
+# steps few, and a run that cannot buffer them is merged in an extra level instead.
 MERGE_SHARE = 16
-MIN_RUN_BATCH = 64 << 10
+RUN_ROWS = 8
 
 
 @dataclass
@@ -335,9 +338,8 @@ def _run_partitioned(dataset_dir, work: Path, k, opts, budget, base, total, summ
         bar.close()
         (work / "partitioned").touch()
     bar = Progress("reassemble", k, enabled=progress, unit="buckets")
-    fan_in = _fan_in(k, room)
-    run_bytes = max(1, room // (MERGE_SHARE * fan_in))  # one buffered batch per open run
-    outs = []
+    merge_bytes = room // MERGE_SHARE
+    outs, out_rows, out_bytes = [], 0, 0
     for b in range(k):
         d = bucket_dir(spill, b)
         rows_f, report_f, done = d / "out-rows.arrow", d / "out-report.parquet", d / "done.json"
@@ -347,28 +349,44 @@ def _run_partitioned(dataset_dir, work: Path, k, opts, budget, base, total, summ
             del ledger, tokens, rollouts
             part = Summary()
             part.add(result.rows, result.report, orphans)
-            _write_run(result.rows.cast(rows_schema(has_lp)), rows_f, run_bytes)
+            rows = result.rows.cast(rows_schema(has_lp))
+            _write_run(rows, rows_f, _run_rows(rows.nbytes, rows.num_rows, merge_bytes))
             _write_spill(result.report, report_f, 65536)
-            del result
-            _write_atomic(done, json.dumps(part.to_json()))
+            record = {"summary": part.to_json(), "rows": rows.num_rows, "bytes": rows.nbytes}
+            del result, rows
+            _write_atomic(done, json.dumps(record))
             for name in ("ledger", "tokens", "rollouts"):
                 shutil.rmtree(d / name, ignore_errors=True)
             release_memory()
-        summary.merge(Summary.from_json(json.loads(done.read_text())))
+        record = json.loads(done.read_text())
+        summary.merge(Summary.from_json(record["summary"]))
+        out_rows, out_bytes = out_rows + record["rows"], out_bytes + record["bytes"]
         outs.append((rows_f, report_f))
         bar.advance(1)
     bar.close()
-    _merge_tree([o[0] for o in outs], rows_w, run_bytes, fan_in, spill / "merge-rows")
+    run_rows = _run_rows(out_bytes, out_rows, merge_bytes)
+    # each open run buffers up to two of its batches
+    fan_in = _fan_in(k, merge_bytes // (2 * run_rows * max(out_bytes // max(out_rows, 1), 1)))
+    _merge_tree([o[0] for o in outs], rows_w, run_rows, fan_in, spill / "merge-rows")
     # report runs stay Parquet (small rows; tests plant markers in them): fewer open at once
-    report_fan_in = max(2, min(fan_in, room // (4 * READER_BYTES)))
-    _merge_tree([o[1] for o in outs], report_w, max(1, room // (MERGE_SHARE * report_fan_in)),
-                report_fan_in, spill / "merge-report")
+    report_fan_in = _fan_in(k, room // (4 * READER_BYTES))
+    footers = [pq.ParquetFile(o[1]).metadata for o in outs]
+    report_rows = max(16, (merge_bytes // report_fan_in) * sum(md.num_rows for md in footers)
+                      // max(sum(_uncompressed(md) for md in footers), 1))
+    _merge_tree([o[1] for o in outs], report_w, report_rows, report_fan_in, spill / "merge-report")
 
 
-def _fan_in(k: int, room: int) -> int:
-    """Sorted runs merged at once: all of them (one level) unless the open-file limit, or
-    batches below MIN_RUN_BATCH in the merge's share of the headroom, say fewer."""
-    return max(2, min(k, _open_file_limit() // 4, room // (MERGE_SHARE * MIN_RUN_BATCH)))
+def _run_rows(nbytes: int, nrows: int, merge_bytes: int) -> int:
+    """Rows per batch of a sorted run: RUN_ROWS, fewer when rows are so big that a few batches
+    would not fit the merge's share."""
+    per_row = max(nbytes // max(nrows, 1), 1)
+    return int(max(1, min(RUN_ROWS, merge_bytes // (8 * per_row))))
+
+
+def _fan_in(k: int, by_memory: int) -> int:
+    """Sorted runs merged at once: all of them (one level) unless memory or the open-file
+    limit say fewer."""
+    return max(2, min(k, by_memory, _open_file_limit() // 4))
 
 
 def _open_file_limit() -> int:
@@ -389,13 +407,6 @@ def _write_spill(table: pa.Table, path: Path, group_rows: int) -> None:
     os.replace(tmp, path)
 
 
-def _parquet_batch_rows(path: Path, batch_bytes: int) -> int:
-    if Path(path).suffix == RUN_SUFFIX:
-        return 0  # IPC runs keep the batches they were written with
-    md = pq.ParquetFile(path).metadata
-    return int(max(16, batch_bytes * max(md.num_rows, 1) // max(_uncompressed(md), 1)))
-
-
 def _batch_rows(dataset_dir, batch_bytes: int) -> int:
     """Rows per input batch while partitioning: about ``batch_bytes`` of tokens per batch."""
     footers = [_footer("tokens", f) for f in table_files(dataset_dir, "tokens")]
@@ -407,23 +418,17 @@ def _batch_rows(dataset_dir, batch_bytes: int) -> int:
 
 # Sorted runs of rows (bucket outputs, intermediate merge runs) are Arrow IPC files. A Parquet
 # reader holds decoder state and page buffers (~7 MiB, more once Arrow's allocator keeps its
-# pages), which capped the fan-in at 9 for a 512 MiB budget: 69 buckets of the 2.2 GB test
-# dataset merged in two levels, peak 492-518 MiB. An IPC reader holds just its current batch,
-# so all 69 merge in one level: peak 338-377 MiB, and the whole run took 106-120 s, not 160.
+# pages): 69 buckets of the 2.2 GB test dataset merged at fan-in 9 peaked at 492-518 MiB (512
+# MiB budget). An IPC reader holds just its batches: fan-in 14 there, merge peak 323 MiB, and
+# the whole run took 106-125 s instead of ~160.
 RUN_SUFFIX = ".arrow"
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
 
 
-def _batches_of(table: pa.Table, batch_bytes: int):
-    """``table`` in record batches of about ``batch_bytes`` each (at least one row)."""
-    per_row = max(table.nbytes // max(table.num_rows, 1), 1)
-    return table.to_batches(max_chunksize=max(1, batch_bytes // per_row))
-
-
-def _write_run(table: pa.Table, path: Path, batch_bytes: int) -> None:
-    """A sorted run as an Arrow IPC file of ``batch_bytes`` batches (atomically)."""
+def _write_run(table: pa.Table, path: Path, batch_rows: int) -> None:
+    """A sorted run as an Arrow IPC file of ``batch_rows``-row batches (atomically)."""
     tmp = path.with_name(path.name + ".tmp")
-    w = _RunWriter(tmp, table.schema, batch_bytes)
+    w = _RunWriter(tmp, table.schema, batch_rows)
     try:
         w.write(table)
     finally:
@@ -432,19 +437,35 @@ def _write_run(table: pa.Table, path: Path, batch_bytes: int) -> None:
 
 
 class _RunWriter:
-    """Writer of a sorted run (Arrow IPC, lz4 buffers) in batches of about ``batch_bytes``."""
+    """Writer of a sorted run (Arrow IPC, lz4 buffers) in batches of ``batch_rows`` rows."""
 
-    def __init__(self, path: Path, schema: pa.Schema, batch_bytes: int):
+    def __init__(self, path: Path, schema: pa.Schema, batch_rows: int):
         self._sink = pa.OSFile(str(path), "wb")
         self._w = pa.ipc.new_file(self._sink, schema, options=_IPC_OPTIONS)
-        self.batch_bytes = batch_bytes
+        self.batch_rows = batch_rows
+        self._pending: list[pa.Table] = []
+        self._rows = 0
 
     def write(self, table: pa.Table) -> None:
-        for batch in _batches_of(table, self.batch_bytes):
+        """Append rows; batches are cut every ``batch_rows`` rows whatever the calls' sizes."""
+        self._pending.append(table)
+        self._rows += table.num_rows
+        if self._rows >= self.batch_rows:
+            self._emit(final=False)
+
+    def _emit(self, final: bool) -> None:
+        if not self._pending:
+            return
+        table = pa.concat_tables(self._pending)
+        full = table.num_rows - table.num_rows % self.batch_rows if not final else table.num_rows
+        for batch in table.slice(0, full).to_batches(max_chunksize=self.batch_rows):
             self._w.write_batch(batch)
+        rest = table.slice(full)
+        self._pending, self._rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
 
     def close(self) -> None:
         try:
+            self._emit(final=True)
             self._w.close()
         finally:
             self._sink.close()
@@ -471,9 +492,10 @@ def _run_batches(path: Path, batch_rows: int):
             batch_size=batch_rows, use_threads=False)
 
 
-def _merge_tree(files, writer, batch_bytes: int, fan_in: int, scratch: Path) -> None:
+def _merge_tree(files, writer, batch_rows: int, fan_in: int, scratch: Path) -> None:
     """Merge sorted files into ``writer``, at most ``fan_in`` open at once (extra rounds if
-    needed, through IPC runs of ``batch_bytes`` batches)."""
+    needed, through IPC runs of ``batch_rows``-row batches; Parquet files are read in batches
+    of that many rows)."""
     level = 0
     while len(files) > fan_in:
         scratch.mkdir(parents=True, exist_ok=True)
@@ -481,9 +503,9 @@ def _merge_tree(files, writer, batch_bytes: int, fan_in: int, scratch: Path) -> 
         for i in range(0, len(files), fan_in):
             group = files[i:i + fan_in]
             path = scratch / f"run-{level}-{i // fan_in:05d}{RUN_SUFFIX}"
-            w = _RunWriter(path, _run_schema(group[0]), batch_bytes)
+            w = _RunWriter(path, _run_schema(group[0]), batch_rows)
             try:
-                _merge_sorted(group, w, batch_bytes)
+                _merge_sorted(group, w, batch_rows)
             finally:
                 w.close()
             if level:  # intermediate runs only: bucket outputs stay for --resume
@@ -491,12 +513,12 @@ def _merge_tree(files, writer, batch_bytes: int, fan_in: int, scratch: Path) -> 
                     Path(f).unlink(missing_ok=True)
             merged.append(path)
         files, level = merged, level + 1
-    _merge_sorted(files, writer, batch_bytes)
+    _merge_sorted(files, writer, batch_rows)
 
 
-def _merge_sorted(files, writer, batch_bytes: int) -> None:
+def _merge_sorted(files, writer, batch_rows: int) -> None:
     """k-way merge of files sorted by rollout_id (ids disjoint across files), batch at a time."""
-    iters = [_run_batches(f, _parquet_batch_rows(f, batch_bytes)) for f in files]
+    iters = [_run_batches(f, batch_rows) for f in files]
     bufs: list[pa.Table | None] = [None] * len(iters)
 
     def refill(i):
