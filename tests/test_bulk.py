@@ -1,6 +1,5 @@
 """The dataset runner: Parquet in, Parquet out, in memory or partitioned, resumable."""
 
-import os
 import subprocess
 import sys
 
