@@ -172,7 +172,8 @@ def test_larger_than_memory_stays_under_budget(tmp_path):
     """A dataset 4x the memory budget runs in buckets with peak RSS under the budget.
 
     ``chainrows reassemble DATA OUT --memory-budget 512MiB`` on 2.2 GB (uncompressed) of
-    synthetic data; about 3 minutes and 4 GB of disk. (Byte-identity with an in-memory run is
+    synthetic data; about 3 minutes and 6 GB of temporary disk (1.6 GB of input, spill files
+    and runs up to 4.1 GB). (Byte-identity with an in-memory run is
     tested on small data above: the bucket count does not change the output.)
     """
     data = tmp_path / "big"
