@@ -13,7 +13,7 @@ from chainrows.reasons import (
 )
 
 
-@jit
+@jit(inline="always")
 def _first_set(flags, a, b):
     for c in range(a, b):
         if flags[c]:

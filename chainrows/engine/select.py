@@ -50,7 +50,7 @@ def call_key_hashes(key_off, item_keys, out):
         out[c] = window_hash(item_keys, key_off[c], key_off[c + 1] - key_off[c])
 
 
-@jit
+@jit(inline="always")
 def _lower_bound(lens, hashes, lo, hi, n, h):
     """First index in [lo, hi) whose (len, hash) >= (n, h)."""
     while lo < hi:
@@ -62,7 +62,7 @@ def _lower_bound(lens, hashes, lo, hi, n, h):
     return lo
 
 
-@jit
+@jit(inline="always")
 def _survives(c, p, n_out, ob, k, r, out_keys, out_ids, out_served, key_off, item_keys, item_ids,
               has_acc, acc_off, acc_call):
     """True when call c matches the output window at p and passes the id and accepted filters."""
@@ -89,7 +89,7 @@ def _survives(c, p, n_out, ob, k, r, out_keys, out_ids, out_served, key_off, ite
     return True
 
 
-@jit
+@jit(inline="always")
 def _count(only_anc, anc, p, n_out, ob, k, r, fa, fb, cand_len, cand_hash, cand_call, out_keys,
            out_ids, out_served, key_off, item_keys, item_ids, has_acc, acc_off, acc_call, linear_max):
     """Survivors at output position p (only ancestors-or-self of identified calls if asked):
@@ -127,7 +127,7 @@ def _count(only_anc, anc, p, n_out, ob, k, r, fa, fb, cand_len, cand_hash, cand_
     return n_surv, chosen
 
 
-@jit
+@jit(inline="always")
 def _mark_ancestors(r, call_off, parent, identified, terminal, anc):
     """anc[c] = 1 for every ancestor-or-self of an identified call of rollout r."""
     for c0 in range(call_off[r], call_off[r + 1]):
@@ -163,19 +163,22 @@ def select_calls(chunks, detail, bad_pos, bad_call, out_off, out_keys, out_ids, 
             p = 0
             k = 0
             while p < n_out:
-                n_surv, chosen = _count(False, anc, p, n_out, ob, k, r, fa, fb, cand_len, cand_hash,
-                                        cand_call, out_keys, out_ids, out_served, key_off, item_keys,
-                                        item_ids, has_acc, acc_off, acc_call, linear_max)
-                if n_surv > 1:
-                    if not anc_ready:
-                        _mark_ancestors(r, call_off, parent, identified, terminal, anc)
-                        anc_ready = True
-                    n_anc, chosen_anc = _count(True, anc, p, n_out, ob, k, r, fa, fb, cand_len,
-                                               cand_hash, cand_call, out_keys, out_ids, out_served,
-                                               key_off, item_keys, item_ids, has_acc, acc_off, acc_call,
-                                               linear_max)
-                    if n_anc == 1:
-                        n_surv, chosen = 1, chosen_anc
+                # first all survivors; when several, again with only ancestors-or-self of an
+                # identified call (one call site: _count is inlined, so each copy costs compile time)
+                n_surv = 0
+                chosen = -1
+                for only_anc in (False, True):
+                    if only_anc:
+                        if n_surv <= 1:
+                            break
+                        if not anc_ready:
+                            _mark_ancestors(r, call_off, parent, identified, terminal, anc)
+                            anc_ready = True
+                    n, c = _count(only_anc, anc, p, n_out, ob, k, r, fa, fb, cand_len, cand_hash,
+                                  cand_call, out_keys, out_ids, out_served, key_off, item_keys,
+                                  item_ids, has_acc, acc_off, acc_call, linear_max)
+                    if not only_anc or n == 1:
+                        n_surv, chosen = n, c
                 if n_surv == 0:
                     detail[r] = D_UNMATCHED
                     bad_pos[r] = p

@@ -28,12 +28,12 @@ INT64_MAX = np.iinfo(np.int64).max
 INT64_MIN = np.iinfo(np.int64).min
 
 
-@jit
+@jit(inline="always")
 def _sum_overflows(x, y):
     return (y > 0 and x > INT64_MAX - y) or (y < 0 and x < INT64_MIN - y)
 
 
-@jit
+@jit(inline="always")
 def _walk(s, i0, i1, sel, parent):
     """Check 11 on chain sel[s+i0 : s+i1]: the call where the walk leaves the chain (and the detail id).
 
@@ -49,7 +49,7 @@ def _walk(s, i0, i1, sel, parent):
     return -1, 0
 
 
-@jit
+@jit(inline="always")
 def _check_meta(c, is_root, parent, prev_len, delta_len, gen_len, tok_start, tok_stop,
                 has_logprobs, lp_start, lp_stop):
     """Checks 12, 13 and the logprobs length of one call; the detail id of the first failure, or 0."""
@@ -76,7 +76,7 @@ def _check_meta(c, is_root, parent, prev_len, delta_len, gen_len, tok_start, tok
     return 0
 
 
-@jit
+@jit(inline="always")
 def _data_ranges_ok(c, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_stop):
     """The call's ranges pass checks 12–13 and the logprobs length (else those fail first and
     its data is not looked at)."""
@@ -88,7 +88,7 @@ def _data_ranges_ok(c, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_
     return not has_logprobs or (lp_start[c] >= 0 and lp_stop[c] - lp_start[c] == n)
 
 
-@jit
+@jit(inline="always")
 def _check_hash(c, parent, chain_hash, tok_start, tok_stop, tokens):
     """Check 14. A chain's first call is always a root (the cut and the terminal walk make it so,
     and check 11 confirms it), so the seed is 0 exactly when the call has no parent."""
@@ -113,7 +113,7 @@ def _max_abs_bits(seg):
     return mx
 
 
-@jit
+@jit(inline="always")
 def _check_logprobs(c, gen_len, lp_start, lp_stop, logprobs):
     """Check 15: finite logprobs, 0.0 on the carry."""
     a = lp_start[c]
