@@ -218,3 +218,28 @@ def test_api_independent_of_thread_count(dataset):
         numba.set_num_threads(before)
     for r in results[1:]:
         assert r.rows.equals(results[0].rows) and r.report.equals(results[0].report)
+
+
+
+def test_build_helper_thread_returns_and_raises_like_inline():
+    """build_batch makes the token buffers through columnar._submit: on a helper thread when
+    Numba has more than one, inline on one. Either way .result() gives the value, or raises the
+    error at the point the caller asks for it (so errors keep their order)."""
+    import numba
+
+    from chainrows.io import columnar
+    from chainrows.io.errors import InputError
+
+    def boom(x):
+        raise InputError(f"tokens: bad {x}")
+
+    before = numba.get_num_threads()
+    try:
+        for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(n)
+            assert columnar._submit(lambda a, b: a + b, 2, 3).result() == 5
+            fut = columnar._submit(boom, "x")  # no raise yet
+            with pytest.raises(InputError, match="tokens: bad x"):
+                fut.result()
+    finally:
+        numba.set_num_threads(before)

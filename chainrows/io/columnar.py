@@ -1,15 +1,18 @@
 """Arrow tables (SPEC §2) -> the engine's Batch, in bulk: no Python loop per rollout or call.
 
-String ids become dense integer codes with Arrow's hash kernels (``pc.unique`` /
-``pc.index_in``); joins on (rollout, id) pairs are composite int64 keys, sorted once and
-probed with ``np.searchsorted``. Rollouts get indices in byte order of their ids, so the
-engine's output is already sorted by rollout_id.
+String ids become dense integer codes with one ``pc.dictionary_encode`` per id family; joins
+on (rollout, id) pairs are composite int64 keys, sorted once and probed with
+``np.searchsorted``. Rollouts get indices in byte order of their ids, so the engine's output is
+already sorted by rollout_id. With more than one Numba thread, the token and logprob buffers
+are made on a helper thread meanwhile.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,6 +43,9 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     ledger = _canonical("ledger", ledger)
     tokens = _canonical("tokens", tokens)
     rollouts = _canonical("rollouts", rollouts)
+    # the token and logprob buffers (a concatenation when the columns have several chunks)
+    # depend on nothing else: with more than one thread they are made while the ids are joined
+    buffers = _submit(_token_buffers, tokens)
     rid, (l_r, t_r, ro_r) = _encode_sorted([ledger["rollout_id"], tokens["rollout_id"], rollouts["rollout_id"]])
     R = len(rid)
     order = np.argsort(l_r, kind="stable")
@@ -68,14 +74,12 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     kept = np.zeros(len(t_call), dtype=bool)
     kept[tok_row[tok_row >= 0]] = True
     tok_order = t_call[kept]
-    tok_starts, tok_stops, tok_values = _list_parts(tokens["tokens"], "tokens", "tokens")
+    (tok_starts, tok_stops, token_buf), lp_parts = buffers.result()
     tok_start, tok_stop = _gather_ranges(tok_row, tok_starts, tok_stops)
-    token_buf = _values(tok_values, np.int32, "tokens", "tokens")
-    has_logprobs = "logprobs" in tokens.column_names
+    has_logprobs = lp_parts is not None
     if has_logprobs:
-        lp_starts, lp_stops, lp_values = _list_parts(tokens["logprobs"], "tokens", "logprobs", null_is_empty=False)
+        lp_starts, lp_stops, lp_buf = lp_parts
         lp_start, lp_stop = _gather_ranges(tok_row, lp_starts, lp_stops)
-        lp_buf = _values(lp_values, np.float32, "tokens", "logprobs")
     else:
         lp_start = np.full(C, NO_TOKENS, dtype=np.int64)
         lp_stop = lp_start.copy()
@@ -173,6 +177,42 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         orphan_token_rows=int((~matched).sum()),
     )
     return batch, labels
+
+
+def _token_buffers(tokens: pa.Table):
+    """(starts, stops, int32 values) of the tokens column; the same for logprobs (float32), or None."""
+    starts, stops, values = _list_parts(tokens["tokens"], "tokens", "tokens")
+    tok = (starts, stops, _values(values, np.int32, "tokens", "tokens"))
+    if "logprobs" not in tokens.column_names:
+        return tok, None
+    starts, stops, values = _list_parts(tokens["logprobs"], "tokens", "logprobs", null_is_empty=False)
+    return tok, (starts, stops, _values(values, np.float32, "tokens", "logprobs"))
+
+
+class _Deferred:
+    """The one-thread path of _submit: fn(*args) runs when its result is asked for, so its
+    errors come at the same point in build_batch as from the helper thread."""
+
+    def __init__(self, fn, *args):
+        self._fn, self._args = fn, args
+
+    def result(self):
+        return self._fn(*self._args)
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _submit(fn, *args):
+    """fn(*args) on a helper thread when Numba may use more than one (numpy and Arrow release the
+    GIL while they copy), else when its result is asked for. ``.result()`` (once) gives the value
+    or raises the error."""
+    global _POOL
+    if numba.get_num_threads() <= 1:
+        return _Deferred(fn, *args)
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chainrows-build")
+    return _POOL.submit(fn, *args)
 
 
 def _canonical(name: str, table) -> pa.Table:
