@@ -223,7 +223,7 @@ def test_api_independent_of_thread_count(dataset):
 
 def test_build_helper_thread_returns_and_raises_like_inline():
     """build_batch makes the token buffers through columnar._submit: on a helper thread when
-    Numba has more than one, inline on one. Either way .result() gives the value, or raises the
+    Numba and Arrow both have more than one, inline otherwise. Either way .result() gives the value, or raises the
     error at the point the caller asks for it (so errors keep their order)."""
     import numba
 
@@ -233,13 +233,20 @@ def test_build_helper_thread_returns_and_raises_like_inline():
     def boom(x):
         raise InputError(f"tokens: bad {x}")
 
-    before = numba.get_num_threads()
+    before, arrow_before = numba.get_num_threads(), pa.cpu_count()
+    seen = set()
     try:
-        for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+        for n, arrow in ((1, 2), (numba.config.NUMBA_NUM_THREADS, 2), (numba.config.NUMBA_NUM_THREADS, 1)):
             numba.set_num_threads(n)
+            pa.set_cpu_count(arrow)
+            threaded = not isinstance(columnar._submit(lambda: None), columnar._Deferred)
+            assert threaded == (n > 1 and arrow > 1)  # one Arrow thread (a partitioned run): no helper
+            seen.add(threaded)
             assert columnar._submit(lambda a, b: a + b, 2, 3).result() == 5
             fut = columnar._submit(boom, "x")  # no raise yet
             with pytest.raises(InputError, match="tokens: bad x"):
                 fut.result()
     finally:
         numba.set_num_threads(before)
+        pa.set_cpu_count(arrow_before)
+    assert seen == ({False, True} if numba.config.NUMBA_NUM_THREADS > 1 else {False})

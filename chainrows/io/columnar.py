@@ -3,8 +3,8 @@
 String ids become dense integer codes with one ``pc.dictionary_encode`` per id family; joins
 on (rollout, id) pairs are composite int64 keys, sorted once and probed with
 ``np.searchsorted``. Rollouts get indices in byte order of their ids, so the engine's output is
-already sorted by rollout_id. With more than one Numba thread, the token and logprob buffers
-are made on a helper thread meanwhile.
+already sorted by rollout_id. With more than one thread (Numba's and Arrow's), the token and
+logprob buffers are made on a helper thread meanwhile.
 """
 
 from __future__ import annotations
@@ -204,11 +204,15 @@ _POOL: ThreadPoolExecutor | None = None
 
 
 def _submit(fn, *args):
-    """fn(*args) on a helper thread when Numba may use more than one (numpy and Arrow release the
-    GIL while they copy), else when its result is asked for. ``.result()`` (once) gives the value
-    or raises the error."""
+    """fn(*args) on a helper thread when Numba and Arrow may both use more than one (numpy and
+    Arrow release the GIL while they copy), else when its result is asked for. ``.result()``
+    (once) gives the value or raises the error.
+
+    Arrow at one thread is how a partitioned bulk run bounds the memory Arrow's allocator keeps
+    per allocating thread (``bulk.one_arrow_thread``); a helper thread would undo that.
+    """
     global _POOL
-    if numba.get_num_threads() <= 1:
+    if numba.get_num_threads() <= 1 or pa.cpu_count() <= 1:
         return _Deferred(fn, *args)
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chainrows-build")
