@@ -104,3 +104,28 @@ def test_corruptions_reach_every_reason_code():
             seen |= {r["reason"] for r in report}
     missing = {r for r in REASONS if r} - seen
     assert not missing, f"never produced: {sorted(missing)}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 80), min_size=0, max_size=12),
+       n_lens=st.integers(1, 4), n_hashes=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+def test_candidate_index_kernel_matches_lexsort(sizes, n_lens, n_hashes, seed):
+    """candidate_index against its plain definition, np.lexsort over the calls with keys: groups
+    of 0-80 calls (Shell sort gaps up to 40), many ties in length and hash."""
+    from chainrows.engine.batch import readonly
+    from chainrows.engine.select import candidate_index
+
+    rng = np.random.default_rng(seed)
+    R = len(sizes)
+    call_off = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    C = int(call_off[-1])
+    rollout = np.repeat(np.arange(R, dtype=np.int64), sizes)
+    key_len = rng.integers(0, n_lens, C).astype(np.int64)  # 0: a call without keys
+    whole = rng.integers(0, n_hashes, C).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    with_keys = np.flatnonzero(key_len > 0)
+    expected = with_keys[np.lexsort((whole[with_keys], key_len[with_keys], rollout[with_keys]))]
+    cand_off = np.concatenate(([0], np.cumsum(np.bincount(rollout[with_keys], minlength=R)))).astype(np.int64)
+    got = np.full(len(with_keys), -1, dtype=np.int64)
+    # read-only inputs, as build_batch passes them (one compiled signature)
+    candidate_index(readonly(call_off), readonly(key_len), readonly(whole), readonly(cand_off), got)
+    assert np.array_equal(got, expected)

@@ -51,6 +51,47 @@ def call_key_hashes(key_off, item_keys, out):
 
 
 @jit(inline="always")
+def _before(a, b, key_len, whole):
+    """Call a sorts before call b in the candidate index: by (item count, key hash, call)."""
+    if key_len[a] != key_len[b]:
+        return key_len[a] < key_len[b]
+    if whole[a] != whole[b]:
+        return whole[a] < whole[b]
+    return a < b
+
+
+@jit
+def candidate_index(call_off, key_len, whole, cand_off, cand_call):
+    """cand_call[cand_off[r]:cand_off[r+1]] = the calls of rollout r that have item keys, sorted
+    by (item count, hash of all their keys, call index); cand_off counts them per rollout.
+
+    Plain-Python definition: ``np.lexsort((whole, key_len, rollout))`` over the calls with keys.
+    A Shell sort per rollout (gaps 1, 4, 13, ...): an insertion sort on the few calls a rollout
+    usually has, and no quadratic time on a 100,000-call one. One thread: ~1 ms per 4,096
+    rollouts (np.argsort here added ~7 s to the cold compile, prange ~1 s).
+    """
+    for r in range(len(call_off) - 1):
+        a = cand_off[r]
+        n = 0
+        for c in range(call_off[r], call_off[r + 1]):
+            if key_len[c] > 0:
+                cand_call[a + n] = c
+                n += 1
+        gap = 1
+        while gap < n // 3:
+            gap = 3 * gap + 1
+        while gap >= 1:
+            for i in range(gap, n):
+                c = cand_call[a + i]
+                j = i
+                while j >= gap and _before(c, cand_call[a + j - gap], key_len, whole):
+                    cand_call[a + j] = cand_call[a + j - gap]
+                    j -= gap
+                cand_call[a + j] = c
+            gap //= 3
+
+
+@jit(inline="always")
 def _lower_bound(lens, hashes, lo, hi, n, h):
     """First index in [lo, hi) whose (len, hash) >= (n, h)."""
     while lo < hi:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.engine.batch import MISSING, NO_TOKENS, ROOT, Batch, readonly
-from chainrows.engine.select import call_key_hashes
+from chainrows.engine.select import call_key_hashes, candidate_index
 from chainrows.io.errors import InputError
 
 
@@ -147,8 +147,9 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     with_keys = np.flatnonzero(key_len > 0)
     whole = np.empty(C, dtype=np.uint64)
     call_key_hashes(readonly(key_off), readonly(item_keys), whole)
-    cand_call = with_keys[np.lexsort((whole[with_keys], key_len[with_keys], l_r[with_keys]))]
-    cand_off = _offsets_from_owner(l_r[cand_call], R)
+    cand_off = _offsets_from_owner(l_r[with_keys], R)
+    cand_call = np.empty(len(with_keys), dtype=np.int64)
+    candidate_index(readonly(call_off), readonly(key_len), readonly(whole), readonly(cand_off), cand_call)
 
     reward = np.full(R, np.nan)
     reward_null = np.zeros(R, dtype=bool)
