@@ -23,6 +23,21 @@ def _read(out):
     return pq.read_table(out / "rows.parquet"), pq.read_table(out / "report.parquet")
 
 
+_RUN_TABLES = bulk.run_tables  # the real one, whatever a test has patched in
+
+
+def _count_buckets(monkeypatch, calls, crash_at=None):
+    """Patch bulk.run_tables to append to ``calls`` per bucket reassembled, and to raise on
+    call number ``crash_at`` (a crash in that bucket)."""
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == crash_at:
+            raise RuntimeError(f"simulated crash in call {crash_at}")
+        return _RUN_TABLES(*args, **kwargs)
+
+    monkeypatch.setattr(bulk, "run_tables", counted)
+
+
 def test_round_trip_agrees_with_reference(dataset, tmp_path):
     """synth -> reassemble -> read rows: every rollout as the oracle decides it."""
     summary = bulk.run(dataset, tmp_path / "out", buckets=1)
@@ -50,15 +65,7 @@ def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, monk
     bulk.run(dataset, reference_out, buckets=4)
     out = tmp_path / "out"
     calls = []
-    real = bulk.run_tables
-
-    def flaky(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("simulated crash in bucket 2")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(bulk, "run_tables", flaky)
+    _count_buckets(monkeypatch, calls, crash_at=3)  # bucket 2
     with pytest.raises(RuntimeError):
         bulk.run(dataset, out, buckets=4)
     assert not (out / "rows.parquet").exists() and not (out / "report.parquet").exists()
@@ -73,20 +80,12 @@ def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, monk
 
 def test_resume_ignores_work_of_other_options(dataset, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    real = bulk.run_tables
     calls = []
-
-    def crash_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("crash")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(bulk, "run_tables", crash_second)
+    _count_buckets(monkeypatch, calls, crash_at=2)
     with pytest.raises(RuntimeError):
         bulk.run(dataset, out, buckets=3)
     calls.clear()
-    monkeypatch.setattr(bulk, "run_tables", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    _count_buckets(monkeypatch, calls)
     bulk.run(dataset, out, buckets=3, resume=True, mode="ordinary")
     assert len(calls) == 3  # different options: nothing reused
 
@@ -121,23 +120,15 @@ def test_baseline_is_the_process_rss_after_loading_kernels():
 def test_resume_keeps_the_planned_bucket_count(dataset, tmp_path, monkeypatch):
     """The planned count depends on the measured baseline; a resumed job keeps its own."""
     out = tmp_path / "out"
-    real = bulk.run_tables
     calls = []
-
-    def crash_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("crash")
-        return real(*args, **kwargs)
-
     monkeypatch.setattr(bulk, "plan_buckets", lambda total, budget: 2)  # "does not fit"
     monkeypatch.setattr(bulk, "spill_buckets", lambda total, budget, base: 4)
-    monkeypatch.setattr(bulk, "run_tables", crash_third)
+    _count_buckets(monkeypatch, calls, crash_at=3)
     with pytest.raises(RuntimeError):
         bulk.run(dataset, out)
     calls.clear()
     monkeypatch.setattr(bulk, "spill_buckets", lambda total, budget, base: 5)  # another baseline
-    monkeypatch.setattr(bulk, "run_tables", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    _count_buckets(monkeypatch, calls)
     summary = bulk.run(dataset, out, resume=True)
     assert summary.buckets == 4 and len(calls) == 2  # buckets 2 and 3 only
     bulk.run(dataset, tmp_path / "ref", buckets=1)
