@@ -164,7 +164,7 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         out_served=out_served, out_ids_bad_len=out_ids_bad_len, terminal=terminal, has_acc=has_acc,
         acc_off=acc_off, acc_call=acc_call, cand_off=cand_off,
         cand_len=np.ascontiguousarray(key_len[cand_call]), cand_hash=np.ascontiguousarray(whole[cand_call]),
-        cand_call=cand_call.astype(np.int64),
+        cand_call=cand_call,
         parent=parent, prev_len=_int64(ledger["prev_len"]), delta_len=_int64(ledger["delta_len"]),
         gen_len=_int64(ledger["gen_len"]), chain_hash=_values(ledger["chain_hash"].combine_chunks(), np.uint64, "ledger", "chain_hash"),
         failed=_np_bool(ledger["failed"]), dup_call_id=dup_call_id, dup_response_id=dup_response_id,
