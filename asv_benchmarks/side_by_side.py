@@ -250,7 +250,7 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
     base_rss = _vm_bytes("VmRSS")
     peak_ok = _reset_peak()
     batch, _labels = build_batch(*tables)  # untimed first run, measured for peak memory
-    dec = decide(batch, "cc")
+    dec = decide(batch)
     rows = gather_rows(batch, dec)
     peak = _vm_bytes("VmHWM") if peak_ok else None
     del batch, _labels, dec
@@ -258,7 +258,7 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
     t_build, (batch, _labels) = common.best_of(lambda: build_batch(*tables), max(1, repeats - 1))
     del tables
     gc.collect()
-    dec = decide(batch, "cc")
+    dec = decide(batch)
     out_bytes = rows.input_ids.nbytes + rows.loss_mask.nbytes + (rows.logprobs.nbytes if rows.logprobs is not None else 0)
     n_out_tokens = len(rows.input_ids)
     in_bytes = batch.tokens.nbytes + batch.logprobs.nbytes
@@ -286,11 +286,11 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
     times = {}
     for threads in sorted({1, nt}):
         numba.set_num_threads(threads)
-        decide(batch, "cc")
+        decide(batch)
         box = {}
 
         def run_decide():
-            box["dec"] = decide(batch, "cc")
+            box["dec"] = decide(batch)
 
         def run_gather():
             gather_rows(batch, box["dec"])

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from asv_benchmarks import common
+from chainrows.options import Options
 
 SIZES = [256, 4096]
 
@@ -62,10 +63,11 @@ class Decide(_Stage):
         self._load(n)
         build_batch, self.decide = _engine()[:2]
         self.batch, _ = build_batch(*self.tables)
-        self.decide(self.batch, mode)
+        self.options = Options(mode=mode)
+        self.decide(self.batch, self.options)
 
     def time_decide(self, mode, n):
-        self.decide(self.batch, mode)
+        self.decide(self.batch, self.options)
 
 
 class Gather(_Stage):
@@ -78,11 +80,12 @@ class Gather(_Stage):
         self._load(n)
         build_batch, decide, self.gather_rows = _engine()[:3]
         self.batch, _ = build_batch(*self.tables)
-        self.dec = decide(self.batch, "cc")
-        self.gather_rows(self.batch, self.dec, placeholders)
+        self.dec = decide(self.batch, Options())
+        self.options = Options(placeholders=placeholders)
+        self.gather_rows(self.batch, self.dec, self.options)
 
     def time_gather_rows(self, placeholders, n):
-        self.gather_rows(self.batch, self.dec, placeholders)
+        self.gather_rows(self.batch, self.dec, self.options)
 
 
 class Advantages(_Stage):
@@ -95,14 +98,14 @@ class Advantages(_Stage):
         self._load(n)
         build_batch, decide, gather_rows, self.advantages, self.row_weights = _engine()
         self.batch, _ = build_batch(*self.tables)
-        self.dec = decide(self.batch, "cc")
-        self.rows = gather_rows(self.batch, self.dec)
+        self.dec = decide(self.batch, Options())
+        self.rows = gather_rows(self.batch, self.dec, Options())
         self.time_advantages(baseline, n)
 
     def time_advantages(self, baseline, n):
         b = self.batch
-        self.advantages(b.reward, b.has_record, b.group, self.dec.ok, baseline=baseline)
-        self.row_weights(self.rows.num_segments, "rollout")
+        self.advantages(b.reward, b.has_record, b.group, self.dec.ok, Options(baseline=baseline))
+        self.row_weights(self.rows.num_segments, self.dec.ok[self.rows.row_rollout], Options())
 
 
 class ParquetToParquet(_Stage):

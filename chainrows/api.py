@@ -3,63 +3,61 @@
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 
 from chainrows.engine.advantage import advantages, row_weights
-from chainrows.engine.run import MODES, decide, gather_rows
+from chainrows.engine.run import decide, gather_rows
 from chainrows.io.columnar import build_batch
 from chainrows.io.output import report_table, rows_table
+from chainrows.options import Options
 
 
-class Result(NamedTuple):
+@dataclass(frozen=True)
+class Result:
+    """Rows and report of one reassembly; unpacks as ``rows, report``.
+
+    ``orphan_token_rows``: token rows that named no ledger call (ignored, SPEC §3 step 4).
+    """
+
     rows: pa.Table
     report: pa.Table
+    orphan_token_rows: int = 0
+
+    def __iter__(self):
+        return iter((self.rows, self.report))
 
 
-def _check_options(mode, baseline, population, row_weight):
-    for name, value, allowed in (("mode", mode, MODES), ("baseline", baseline, ("mean", "loo")),
-                                 ("baseline_population", population, ("all", "ok")),
-                                 ("row_weight", row_weight, ("rollout", "row"))):
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
-def reassemble(ledger, tokens=None, rollouts=None, *, mode: str = "cc", placeholders: bool = False,
-               baseline: str = "mean", no_std: bool = False, baseline_population: str = "all",
-               row_weight: str = "rollout") -> Result:
+def reassemble(ledger, tokens=None, rollouts=None, options: Options | None = None,
+               **option_values) -> Result:
     """Decide every rollout (SPEC §3) and build its rows (§4) with advantages and weights (§5).
 
     ``ledger, tokens, rollouts``: SPEC §2 Arrow tables; or pass a dataset directory as ``ledger``
-    alone. Returns ``Result(rows, report)``, both sorted by rollout_id.
+    alone. ``options``: an :class:`~chainrows.options.Options`; keywords (``mode="ordinary"``,
+    ``baseline="loo"``, ...) override its fields. Returns ``Result(rows, report)``, both sorted
+    by rollout_id.
     """
-    _check_options(mode, baseline, baseline_population, row_weight)
+    options = Options.of(options, **option_values)
     if isinstance(ledger, (str, os.PathLike)):
         from chainrows.io.dataset import read_dataset
 
         ds = read_dataset(ledger)
         ledger, tokens, rollouts = ds.ledger, ds.tokens, ds.rollouts
-    return run_tables(ledger, tokens, rollouts, mode=mode, placeholders=placeholders,
-                      baseline=baseline, no_std=no_std, baseline_population=baseline_population,
-                      row_weight=row_weight)[0]
+    return run_tables(ledger, tokens, rollouts, options)
 
 
-def run_tables(ledger, tokens, rollouts, *, mode, placeholders, baseline, no_std,
-               baseline_population, row_weight) -> tuple[Result, int]:
-    """``reassemble`` on Arrow tables; also returns the count of orphan token rows."""
+def run_tables(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table, options: Options) -> Result:
+    """``reassemble`` on three SPEC §2 Arrow tables with validated options."""
     batch, labels = build_batch(ledger, tokens, rollouts)
-    dec = decide(batch, mode)
-    rows = gather_rows(batch, dec, placeholders)
-    adv = advantages(batch.reward, batch.has_record, batch.group, dec.ok, baseline=baseline,
-                     no_std=no_std, population=baseline_population)
-    weights = row_weights(rows.num_segments, row_weight)
-    weights[~dec.ok[rows.row_rollout]] = 0.0
+    dec = decide(batch, options)
+    rows = gather_rows(batch, dec, options)
+    adv = advantages(batch.reward, batch.has_record, batch.group, dec.ok, options)
+    weights = row_weights(rows.num_segments, dec.ok[rows.row_rollout], options)
     reward_null = ~batch.has_record | batch.reward_null
-    result = Result(
+    return Result(
         rows=rows_table(rows, labels, batch.reward, reward_null, adv, weights),
         report=report_table(dec, rows, labels, batch.call_off, batch.parent, batch.reward,
                             reward_null, adv),
+        orphan_token_rows=labels.orphan_token_rows,
     )
-    return result, labels.orphan_token_rows

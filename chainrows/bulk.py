@@ -25,13 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from chainrows.api import run_tables
+from chainrows.api import Result, run_tables
 from chainrows.io.dataset import read_dataset, table_files, table_schema
 from chainrows.io.errors import InputError
 from chainrows.io.partition import bucket_dir, partition, read_bucket, release_memory, string_hashes
 from chainrows.io.rowgroups import RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
 from chainrows.io.write import AtomicOutput
+from chainrows.options import Options
 from chainrows.progress import Progress, human_bytes
 
 DEFAULT_BUDGET = 4 << 30  # a laptop's worth
@@ -74,7 +75,9 @@ class Summary:
     buckets: int = 1
     seconds: float = 0.0
 
-    def add(self, rows: pa.Table, report: pa.Table, orphans: int) -> None:
+    def add(self, result: Result) -> None:
+        """Count one reassembled batch."""
+        rows, report = result
         status = report["status"].to_numpy(zero_copy_only=False)
         ok = status == "ok"
         self.rollouts += report.num_rows
@@ -89,7 +92,7 @@ class Summary:
         calls = np.asarray(report["num_calls"])
         self.calls += int(calls.sum())
         self.unselected_calls += int((calls - np.asarray(report["num_selected"]))[ok].sum())
-        self.orphan_token_rows += orphans
+        self.orphan_token_rows += result.orphan_token_rows
 
     def merge(self, other: "Summary") -> None:
         """Add another bucket's counts (input_bytes, buckets and seconds are the run's own)."""
@@ -192,7 +195,7 @@ def process_rss() -> int | None:
     return None
 
 
-def measure_baseline(opts: dict, has_lp: bool) -> int:
+def measure_baseline(options: Options, has_lp: bool) -> int:
     """The process baseline the partitioned phases add to: RSS once every kernel is loaded.
 
     Numba loads cached kernels on first call, so a tiny synthetic reassembly (with the run's
@@ -202,7 +205,7 @@ def measure_baseline(opts: dict, has_lp: bool) -> int:
     from chainrows.synth import synth_tables
 
     ledger, tokens, rollouts = synth_tables(8, seed=0, logprobs=has_lp)
-    api.run_tables(ledger, tokens, rollouts, **opts)  # not this module's name: tests count those calls
+    api.run_tables(ledger, tokens, rollouts, options)  # not this module's name: tests count those calls
     string_hashes(rollouts["rollout_id"])
     del ledger, tokens, rollouts
     release_memory()
@@ -231,17 +234,14 @@ def one_arrow_thread():
 WORK_DIR = ".chainrows-work"  # spill buckets and finished bucket outputs, kept for --resume
 
 
-def run(dataset_dir, out_dir, *, mode="cc", placeholders=False, baseline="mean", no_std=False,
-        baseline_population="all", row_weight="rollout", memory_budget=DEFAULT_BUDGET,
+def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget=DEFAULT_BUDGET,
         buckets: int | None = None, resume: bool = False, progress: bool | None = None) -> Summary:
-    """Reassemble ``dataset_dir`` into ``out_dir``; returns the run's summary.
+    """Reassemble ``dataset_dir`` into ``out_dir`` with ``options``; returns the run's summary.
 
     ``resume``: reuse the partitions and finished buckets a killed run left in
     ``out_dir/.chainrows-work`` when the dataset and options are unchanged.
     """
     t0 = time.perf_counter()
-    opts = dict(mode=mode, placeholders=placeholders, baseline=baseline, no_std=no_std,
-                baseline_population=baseline_population, row_weight=row_weight)
     sizes = input_bytes(dataset_dir)
     total = sum(sizes.values())
     k = buckets or plan_buckets(total, memory_budget)
@@ -252,8 +252,8 @@ def run(dataset_dir, out_dir, *, mode="cc", placeholders=False, baseline="mean",
     work = out / WORK_DIR
     with (one_arrow_thread() if k > 1 else nullcontext()):
         if k > 1:
-            base = measure_baseline(opts, has_lp)
-            manifest = _manifest(dataset_dir, opts, buckets or spill_buckets(total, memory_budget, base),
+            base = measure_baseline(options, has_lp)
+            manifest = _manifest(dataset_dir, options, buckets or spill_buckets(total, memory_budget, base),
                                  memory_budget)
             k = summary.buckets = _prepare_work(work, manifest, resume, planned=buckets is None)
         with AtomicOutput(out) as staged:
@@ -262,15 +262,15 @@ def run(dataset_dir, out_dir, *, mode="cc", placeholders=False, baseline="mean",
                 if k == 1:
                     bar = Progress("reassemble", 1, enabled=progress, unit="steps")
                     ds = read_dataset(dataset_dir)
-                    result, orphans = run_tables(ds.ledger, ds.tokens, ds.rollouts, **opts)
+                    result = run_tables(ds.ledger, ds.tokens, ds.rollouts, options)
                     del ds
-                    summary.add(result.rows, result.report, orphans)
+                    summary.add(result)
                     rows_w.write(result.rows)
                     report_w.write(result.report)
                     bar.advance(1)
                     bar.close()
                 else:
-                    _run_partitioned(dataset_dir, work, k, opts, memory_budget, base, total,
+                    _run_partitioned(dataset_dir, work, k, options, memory_budget, base, total,
                                      summary, rows_w, report_w, has_lp, progress)
             finally:
                 rows_w.close()
@@ -286,14 +286,14 @@ def _final_writers(staged: AtomicOutput, has_lp: bool):
     return rows_w, report_w
 
 
-def _manifest(dataset_dir, opts, k, budget) -> dict:
+def _manifest(dataset_dir, options: Options, k, budget) -> dict:
     files = {}
     for name in ("ledger", "tokens", "rollouts"):
         for f in table_files(dataset_dir, name):
             st = f.stat()
             files[str(f.resolve())] = [st.st_size, st.st_mtime_ns]
     # version 2: IPC spill files (a version-1 work dir is not resumed)
-    return {"version": 2, "files": files, "options": opts, "buckets": k, "budget": budget}
+    return {"version": 2, "files": files, "options": options.to_json(), "buckets": k, "budget": budget}
 
 
 def _prepare_work(work: Path, manifest: dict, resume: bool, planned: bool) -> int:
@@ -322,7 +322,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _run_partitioned(dataset_dir, work: Path, k, opts, budget, base, total, summary, rows_w,
+def _run_partitioned(dataset_dir, work: Path, k, options: Options, budget, base, total, summary, rows_w,
                      report_w, has_lp, progress):
     room = headroom(budget, base)
     spill = work / "spill"
@@ -345,10 +345,10 @@ def _run_partitioned(dataset_dir, work: Path, k, opts, budget, base, total, summ
         rows_f, report_f, done = d / "out-rows.arrow", d / "out-report.parquet", d / "done.json"
         if not done.exists():
             ledger, tokens, rollouts = read_bucket(d)
-            result, orphans = run_tables(ledger, tokens, rollouts, **opts)
+            result = run_tables(ledger, tokens, rollouts, options)
             del ledger, tokens, rollouts
             part = Summary()
-            part.add(result.rows, result.report, orphans)
+            part.add(result)
             rows = result.rows.cast(rows_schema(has_lp))
             _write_run(rows, rows_f, _run_rows(rows.nbytes, rows.num_rows, merge_bytes))
             _write_spill(result.report, report_f, 65536)

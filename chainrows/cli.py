@@ -12,6 +12,8 @@ import re
 import sys
 import time
 
+from chainrows import options
+
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
           "gib": 1 << 30, "tib": 1 << 40}
@@ -92,13 +94,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _reassemble_options(r):
-    r.add_argument("--mode", choices=("cc", "ordinary"), default="cc")
+    r.add_argument("--mode", choices=options.MODES, default="cc")
     r.add_argument("--placeholders", action="store_true",
                    help="write one zero-weight placeholder row per masked rollout")
-    r.add_argument("--baseline", choices=("mean", "loo"), default="mean")
+    r.add_argument("--baseline", choices=options.BASELINES, default="mean")
     r.add_argument("--no-std", action="store_true", help="A = r - baseline (no std division)")
-    r.add_argument("--baseline-population", choices=("all", "ok"), default="all")
-    r.add_argument("--row-weight", choices=("rollout", "row"), default="rollout")
+    r.add_argument("--baseline-population", choices=options.POPULATIONS, default="all")
+    r.add_argument("--row-weight", choices=options.ROW_WEIGHTS, default="rollout")
     r.add_argument("--memory-budget", type=parse_size, default=None,
                    help="peak memory to stay under, e.g. 4GiB (default 4GiB)")
     r.add_argument("--buckets", type=_at_least_one, default=None, help=argparse.SUPPRESS)
@@ -107,6 +109,11 @@ def _reassemble_options(r):
     r.add_argument("--threads", type=_at_least_one, default=None, help="kernel threads (default: all cores)")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
+
+
+def _options(a) -> options.Options:
+    return options.Options(mode=a.mode, placeholders=a.placeholders, baseline=a.baseline, no_std=a.no_std,
+                   baseline_population=a.baseline_population, row_weight=a.row_weight)
 
 
 def _set_threads(n):
@@ -120,11 +127,8 @@ def cmd_reassemble(a) -> int:
     from chainrows import bulk
 
     _set_threads(a.threads)
-    summary = bulk.run(a.dataset, a.out, mode=a.mode, placeholders=a.placeholders,
-                       baseline=a.baseline, no_std=a.no_std,
-                       baseline_population=a.baseline_population, row_weight=a.row_weight,
-                       memory_budget=a.memory_budget or bulk.DEFAULT_BUDGET, buckets=a.buckets,
-                       resume=a.resume, progress=a.progress)
+    summary = bulk.run(a.dataset, a.out, _options(a), memory_budget=a.memory_budget or bulk.DEFAULT_BUDGET,
+                       buckets=a.buckets, resume=a.resume, progress=a.progress)
     print(f"chainrows reassemble ({a.mode}) {a.dataset} -> {a.out}")
     print(summary.format())
     return 0
@@ -170,9 +174,10 @@ def cmd_stats(a) -> int:
     _set_threads(a.threads)
     budget = a.memory_budget or bulk.DEFAULT_BUDGET
     with tempfile.TemporaryDirectory(prefix="chainrows-stats-") as tmp:
-        cc = bulk.run(a.dataset, os.path.join(tmp, "cc"), mode="cc", memory_budget=budget, progress=a.progress)
-        od = bulk.run(a.dataset, os.path.join(tmp, "ordinary"), mode="ordinary", memory_budget=budget,
+        cc = bulk.run(a.dataset, os.path.join(tmp, "cc"), options.Options(mode="cc"), memory_budget=budget,
                       progress=a.progress)
+        od = bulk.run(a.dataset, os.path.join(tmp, "ordinary"), options.Options(mode="ordinary"),
+                      memory_budget=budget, progress=a.progress)
     print(f"chainrows stats {a.dataset}")
     print(f"input (uncompressed) {cc.input_bytes:,} bytes; rollouts {cc.rollouts:,}; calls {cc.calls:,}; "
           f"orphan token rows {cc.orphan_token_rows:,}")

@@ -21,6 +21,7 @@ import numpy as np
 import xxhash
 
 from chainrows import reasons as R
+from chainrows.options import Options
 from chainrows.reasons import DETAILS, format_detail
 
 __all__ = ["Masked", "Rollout", "Decision", "chain_hash", "decide", "advantages", "reassemble"]
@@ -466,8 +467,7 @@ def decide(ro: Rollout, mode: str = "cc") -> Decision:
 # §5 advantages
 # --------------------------------------------------------------------------------------------
 
-def advantages(rollouts: list, statuses: dict, *, baseline: str = "mean", no_std: bool = False,
-               population: str = "all") -> dict:
+def advantages(rollouts: list, statuses: dict, options: Options) -> dict:
     """rollout_id -> advantage (float64, or None when the reward is not finite), for every
     rollout that has a rollouts row. ``statuses``: rollout_id -> "ok" | "masked"."""
     groups: dict = {}
@@ -481,7 +481,7 @@ def advantages(rollouts: list, statuses: dict, *, baseline: str = "mean", no_std
     result = {}
     for members in groups.values():
         finite = [ro for ro in members if is_finite(ro.record["reward"])]
-        if population == "all":
+        if options.baseline_population == "all":
             pop = finite
         else:
             pop = [ro for ro in finite if statuses[ro.rollout_id] == "ok"]
@@ -501,12 +501,12 @@ def advantages(rollouts: list, statuses: dict, *, baseline: str = "mean", no_std
                 result[ro.rollout_id] = 0.0
                 continue
             r = float(ro.record["reward"]) / scale
-            if baseline == "loo" and any(m is ro for m in pop):
+            if options.baseline == "loo" and any(m is ro for m in pop):
                 others = [float(m.record["reward"]) / scale for m in pop if m is not ro]
                 base = math.fsum(others) / (n - 1)
             else:
                 base = mean
-            result[ro.rollout_id] = (r - base) * scale if no_std else (r - base) / (std + EPSILON / scale)
+            result[ro.rollout_id] = (r - base) * scale if options.no_std else (r - base) / (std + EPSILON / scale)
     return result
 
 
@@ -584,28 +584,22 @@ def placeholder_row(ro: Rollout, *, reward, advantage) -> dict:
     return row
 
 
-def reassemble(ledger, tokens, rollouts, *, mode: str = "cc", placeholders: bool = False,
-               baseline: str = "mean", no_std: bool = False, population: str = "all",
-               row_weight: str = "rollout", logprobs: bool | None = None):
+def reassemble(ledger, tokens, rollouts, options: Options | None = None, *,
+               logprobs: bool | None = None, **option_values):
     """SPEC §3–§5 on lists of dicts. Returns ``(rows, report)``, both lists of dicts with the
-    SPEC §4 columns in order, sorted by rollout_id (UTF-8 byte order), rows then by segment."""
-    if mode not in ("cc", "ordinary"):
-        raise ValueError(f"mode must be 'cc' or 'ordinary', not {mode!r}")
-    if baseline not in ("mean", "loo"):
-        raise ValueError(f"baseline must be 'mean' or 'loo', not {baseline!r}")
-    if population not in ("all", "ok"):
-        raise ValueError(f"population must be 'all' or 'ok', not {population!r}")
-    if row_weight not in ("rollout", "row"):
-        raise ValueError(f"row_weight must be 'rollout' or 'row', not {row_weight!r}")
+    SPEC §4 columns in order, sorted by rollout_id (UTF-8 byte order), rows then by segment.
+
+    ``options``: a :class:`~chainrows.options.Options`; keywords override its fields.
+    ``logprobs``: whether the rows carry logprobs (default: whether the token rows do)."""
+    options = Options.of(options, **option_values)
     ledger, tokens, rollouts = list(ledger), list(tokens), list(rollouts)
     if logprobs is None:
         logprobs = bool(tokens) and "logprobs" in tokens[0]
 
     all_rollouts = group_by_rollout(ledger, tokens, rollouts, bool(logprobs))
-    decisions = {ro.rollout_id: decide(ro, mode) for ro in all_rollouts}
+    decisions = {ro.rollout_id: decide(ro, options.mode) for ro in all_rollouts}
     statuses = {rid: d.status for rid, d in decisions.items()}
-    advantage_of = advantages(all_rollouts, statuses, baseline=baseline, no_std=no_std,
-                              population=population)
+    advantage_of = advantages(all_rollouts, statuses, options)
 
     rows, report = [], []
     for ro in all_rollouts:
@@ -616,11 +610,11 @@ def reassemble(ledger, tokens, rollouts, *, mode: str = "cc", placeholders: bool
         mine = []
         if d.status == "ok":
             n = len(d.chains)
-            weight = f32(1.0 / n) if row_weight == "rollout" else 1.0
+            weight = f32(1.0 / n) if options.row_weight == "rollout" else 1.0
             mine = [chain_row(ro, chain, k, n, reward=reward, advantage=advantage, weight=weight)
                     for k, chain in enumerate(d.chains)]
             rows += mine
-        elif placeholders:
+        elif options.placeholders:
             rows.append(placeholder_row(ro, reward=reward, advantage=advantage))
         report.append({
             "rollout_id": ro.rollout_id,

@@ -1117,7 +1117,7 @@ def advantage_mean_population_all():
     return _group_g(), _adv_expect(0.0, -1 / (1 + EPS), 1 / (1 + EPS))
 
 
-@case(population="ok")
+@case(baseline_population="ok")
 def advantage_mean_population_ok():
     # (r - 0.5) / (S + 1e-6); c is outside the population but uses its statistics.
     return _group_g(), _adv_expect(0.5 / (S + EPS), -0.5 / (S + EPS), 1.5 / (S + EPS))
@@ -1129,7 +1129,7 @@ def advantage_loo_population_all():
     return _group_g(), _adv_expect(0.0, -1.5 / (1 + EPS), 1.5 / (1 + EPS))
 
 
-@case(baseline="loo", population="ok")
+@case(baseline="loo", baseline_population="ok")
 def advantage_loo_population_ok():
     # baselines: a: 0; b: 1; c (outside): population mean 0.5; std S.
     return _group_g(), _adv_expect(1 / (S + EPS), -1 / (S + EPS), 1.5 / (S + EPS))
@@ -1140,7 +1140,7 @@ def advantage_mean_no_std():
     return _group_g(), _adv_expect(0.0, -1.0, 1.0)
 
 
-@case(no_std=True, population="ok")
+@case(no_std=True, baseline_population="ok")
 def advantage_mean_no_std_population_ok():
     return _group_g(), _adv_expect(0.5, -0.5, 1.5)
 
@@ -1150,7 +1150,7 @@ def advantage_loo_no_std():
     return _group_g(), _adv_expect(0.0, -1.5, 1.5)
 
 
-@case(baseline="loo", no_std=True, population="ok")
+@case(baseline="loo", no_std=True, baseline_population="ok")
 def advantage_loo_no_std_population_ok():
     return _group_g(), _adv_expect(1.0, -1.0, 1.5)
 
@@ -1161,13 +1161,13 @@ def _ok_and_masked():
     return [one_call("a", "g", 1.0), c]
 
 
-@case(population="ok")
+@case(baseline_population="ok")
 def advantage_population_ok_of_one():
     # Only a is ok: a population of one gives A = 0 to every finite-reward rollout.
     return _ok_and_masked(), {"a": ok(advantage=0.0), "c": masked(R.D_CAPTURE_FAILED, "c1", advantage=0.0)}
 
 
-@case(population="ok", baseline="loo", no_std=True)
+@case(baseline_population="ok", baseline="loo", no_std=True)
 def advantage_population_of_one_any_options():
     return _ok_and_masked(), {"a": ok(advantage=0.0), "c": masked(R.D_CAPTURE_FAILED, "c1", advantage=0.0)}
 

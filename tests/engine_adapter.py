@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from chainrows import reassemble
 from chainrows.io.schema import tables_from_pylists
+from chainrows.options import Options
 
 
-def engine_reassemble(ledger, tokens, rollouts, *, mode="cc", placeholders=False, baseline="mean",
-                      no_std=False, population="all", row_weight="rollout", logprobs=None):
+def engine_reassemble(ledger, tokens, rollouts, options: Options | None = None, *, logprobs=None,
+                      **option_values):
     if logprobs is None:
         logprobs = bool(tokens) and "logprobs" in tokens[0]
     accepted = any("accepted_response_ids" in r for r in rollouts)
     if not logprobs:
         tokens = [{k: v for k, v in t.items() if k != "logprobs"} for t in tokens]
     tables = tables_from_pylists(ledger, tokens, rollouts, logprobs=logprobs, accepted=accepted)
-    result = reassemble(*tables, mode=mode, placeholders=placeholders, baseline=baseline,
-                        no_std=no_std, baseline_population=population, row_weight=row_weight)
+    result = reassemble(*tables, Options.of(options, **option_values))
     return result.rows.to_pylist(), result.report.to_pylist()

@@ -199,7 +199,7 @@ def random_dataset(seed: int, n_rollouts: int | None = None, corrupt: float = 0.
         placeholders=rng.random() < 0.3,
         baseline=rng.choice(("mean", "loo")),
         no_std=rng.random() < 0.3,
-        population=rng.choice(("all", "ok")),
+        baseline_population=rng.choice(("all", "ok")),
         row_weight=rng.choice(("rollout", "row")),
         logprobs=logprobs,
     )

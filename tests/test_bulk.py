@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chainrows import bulk, reference
+from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 
 from test_properties import compare_outputs
@@ -86,7 +87,7 @@ def test_resume_ignores_work_of_other_options(dataset, tmp_path, monkeypatch):
         bulk.run(dataset, out, buckets=3)
     calls.clear()
     _count_buckets(monkeypatch, calls)
-    bulk.run(dataset, out, buckets=3, resume=True, mode="ordinary")
+    bulk.run(dataset, out, Options(mode="ordinary"), buckets=3, resume=True)
     assert len(calls) == 3  # different options: nothing reused
 
 
@@ -107,9 +108,7 @@ def test_spill_buckets_follow_the_measured_baseline():
 
 
 def test_baseline_is_the_process_rss_after_loading_kernels():
-    opts = dict(mode="cc", placeholders=False, baseline="mean", no_std=False,
-                baseline_population="all", row_weight="rollout")
-    base = bulk.measure_baseline(opts, True)
+    base = bulk.measure_baseline(Options(), True)
     rss = bulk.process_rss()
     if rss is None:  # no /proc: the constant
         assert base == bulk.BASE_RSS

@@ -821,7 +821,7 @@ def read_output(out: Path) -> tuple[pa.Table, pa.Table]:
 
 def option_args(opts: dict) -> list[str]:
     args = ["--mode", opts["mode"], "--baseline", opts["baseline"],
-            "--baseline-population", opts["population"], "--row-weight", opts["row_weight"]]
+            "--baseline-population", opts["baseline_population"], "--row-weight", opts["row_weight"]]
     if opts["placeholders"]:
         args.append("--placeholders")
     if opts["no_std"]:
@@ -834,7 +834,7 @@ def draw_options(draw) -> dict:
                 placeholders=draw(st.booleans(), label="placeholders"),
                 baseline=_pick(draw, ("mean", "loo"), "baseline"),
                 no_std=draw(st.booleans(), label="no_std"),
-                population=_pick(draw, ("all", "ok"), "population"),
+                baseline_population=_pick(draw, ("all", "ok"), "population"),
                 row_weight=_pick(draw, ("rollout", "row"), "row_weight"))
 
 
@@ -945,10 +945,7 @@ def test_engine_hostile_tables(data):
             reassemble(tables["ledger"], tables["tokens"], tables["rollouts"], mode=opts["mode"])
         assert "\n" not in str(err.value) and str(err.value).startswith(f"{name}: ")
         return
-    result = reassemble(tables["ledger"], tables["tokens"], tables["rollouts"], mode=opts["mode"],
-                        placeholders=opts["placeholders"], baseline=opts["baseline"],
-                        no_std=opts["no_std"], baseline_population=opts["population"],
-                        row_weight=opts["row_weight"])
+    result = reassemble(tables["ledger"], tables["tokens"], tables["rollouts"], **opts)
     ds = _normalized(tables)
     want_rows, want_report = oracle(ds, opts)
     compare_outputs(f"mutations={names}", result.rows.to_pylist(), result.report.to_pylist(),
@@ -1084,6 +1081,7 @@ import numpy as np
 from test_fuzz import base_data, build_tables
 from chainrows.engine.run import decide, gather_rows
 from chainrows.io.columnar import build_batch
+from chainrows.options import Options
 spec = json.loads({spec!r})
 tables = build_tables(base_data(spec["kind"], spec["seed"]))
 batch, _ = build_batch(tables["ledger"], tables["tokens"], tables["rollouts"])
@@ -1093,8 +1091,9 @@ for name, pos, value in spec["edits"]:
     if len(arr):
         arr[pos % len(arr)] = np.array(value).astype(arr.dtype)
 try:
-    dec = decide(batch, spec["mode"])
-    gather_rows(batch, dec, spec["placeholders"])
+    options = Options(mode=spec["mode"], placeholders=spec["placeholders"])
+    dec = decide(batch, options)
+    gather_rows(batch, dec, options)
     rc = 0
 except ValueError:
     rc = 3
@@ -1163,7 +1162,7 @@ def _corpus_cases():
 
 
 def _options_of(args: list[str]) -> dict:
-    opts = dict(mode="cc", placeholders=False, baseline="mean", no_std=False, population="all",
+    opts = dict(mode="cc", placeholders=False, baseline="mean", no_std=False, baseline_population="all",
                 row_weight="rollout")
     it = iter(args)
     for a in it:
@@ -1172,7 +1171,7 @@ def _options_of(args: list[str]) -> dict:
         elif a == "--no-std":
             opts["no_std"] = True
         elif a in ("--mode", "--baseline", "--baseline-population", "--row-weight"):
-            opts[{"--mode": "mode", "--baseline": "baseline", "--baseline-population": "population",
+            opts[{"--mode": "mode", "--baseline": "baseline", "--baseline-population": "baseline_population",
                   "--row-weight": "row_weight"}[a]] = next(it)
         else:
             next(it, None)  # --buckets N, --threads N: no effect on the result

@@ -78,7 +78,7 @@ def test_rows_and_report_build_arrow_tables():
 
 def test_options_validated():
     ledger, tokens, rollouts = worked_example().build()
-    for bad in (dict(mode="tree"), dict(baseline="median"), dict(population="some"),
+    for bad in (dict(mode="tree"), dict(baseline="median"), dict(baseline_population="some"),
                 dict(row_weight="token")):
         with pytest.raises(ValueError):
             reassemble(ledger, tokens, rollouts, **bad)

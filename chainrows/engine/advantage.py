@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from chainrows.options import Options
+
 EPS = 1e-6
 
 
-def advantages(reward, has_record, group, ok, *, baseline="mean", no_std=False, population="all"):
+def advantages(reward, has_record, group, ok, options: Options):
     """float64[R] advantage per rollout, NaN where the reward is not finite (reported as null).
 
-    Population: rollouts of the group with a finite reward (``population="ok"``: ok ones only).
-    Fewer than two members: A = 0. ``baseline="loo"``: members use the mean of the others.
+    Population: rollouts of the group with a finite reward (``baseline_population="ok"``: ok
+    ones only). Fewer than two members: A = 0. ``baseline="loo"``: members use the mean of the
+    others. ``no_std``: A = r - baseline.
     """
-    if baseline not in ("mean", "loo") or population not in ("all", "ok"):
-        raise ValueError(f"unknown baseline {baseline!r} or population {population!r}")
     finite = has_record & np.isfinite(reward)
-    member = finite & ok if population == "ok" else finite
+    member = finite & ok if options.baseline_population == "ok" else finite
     G = int(group.max()) + 1 if len(group) else 0
     # Work on rewards scaled by the group's largest |reward|: A is scale-invariant (eps scales
     # with them), and huge finite rewards (1e308) then cannot overflow the sums.
@@ -32,11 +33,11 @@ def advantages(reward, has_record, group, ok, *, baseline="mean", no_std=False, 
     var = np.bincount(group, weights=dev * dev, minlength=G) / np.maximum(n - 1.0, 1.0)
     ng = n[group]
     base = mean[group]
-    if baseline == "loo":
+    if options.baseline == "loo":
         base = np.where(member, (s[group] - r) / np.maximum(ng - 1.0, 1.0), base)
     a = r - base
     with np.errstate(over="ignore"):  # eps / a subnormal scale is inf: A is then ~0, correctly
-        if no_std:
+        if options.no_std:
             a = a * sg
         else:
             a = a / (np.sqrt(var[group]) + EPS / sg)
@@ -44,10 +45,12 @@ def advantages(reward, has_record, group, ok, *, baseline="mean", no_std=False, 
     return np.where(finite, a, np.nan)
 
 
-def row_weights(num_segments, mode="rollout"):
-    """float32 weight per row: 1 / num_segments (``rollout``) or 1 (``row``)."""
-    if mode == "rollout":
-        return (1.0 / np.maximum(num_segments, 1)).astype(np.float32)
-    if mode == "row":
-        return np.ones(len(num_segments), dtype=np.float32)
-    raise ValueError(f"unknown row weight {mode!r}")
+def row_weights(num_segments, row_ok, options: Options):
+    """float32 weight per row: 1 / num_segments (``row_weight="rollout"``) or 1 (``"row"``);
+    0 on the placeholder rows of masked rollouts (``row_ok`` False)."""
+    if options.row_weight == "rollout":
+        weights = (1.0 / np.maximum(num_segments, 1)).astype(np.float32)
+    else:
+        weights = np.ones(len(num_segments), dtype=np.float32)
+    weights[~row_ok] = 0.0
+    return weights

@@ -20,9 +20,7 @@ from chainrows.engine.gather import fill_rows, row_sizes
 from chainrows.engine import select
 from chainrows.engine.select import select_calls
 from chainrows.engine.verify import data_checks, mark_chain_calls, verify_chains
-
-MODES = ("cc", "ordinary")
-
+from chainrows.options import Options
 
 @dataclass
 class Decisions:
@@ -80,10 +78,8 @@ def _order_chunks(batch: Batch) -> np.ndarray:
     return balanced_chunks(per)
 
 
-def decide(batch: Batch, mode: str = "cc") -> Decisions:
-    """Status of every rollout of the batch per SPEC §3, and its chains."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+def decide(batch: Batch, options: Options = Options()) -> Decisions:
+    """Status of every rollout of the batch per SPEC §3, and its chains (``options.mode``)."""
     batch.validate()
     b = _readonly(batch)
     R, C = b.num_rollouts, b.num_calls
@@ -96,7 +92,7 @@ def decide(batch: Batch, mode: str = "cc") -> Decisions:
                    b.item_ids_bad_len, detail, bad_call)
     n_chains = np.zeros(R, dtype=np.int64)
     sel_len = np.zeros(R, dtype=np.int64)
-    if mode == "cc":
+    if options.mode == "cc":
         sel_off = b.out_off
         sel = np.full(len(b.out_keys), -1, dtype=np.int64)
         chain_start = np.zeros(len(b.out_keys), dtype=np.uint8)
@@ -125,8 +121,10 @@ def decide(batch: Batch, mode: str = "cc") -> Decisions:
     return Decisions(detail, bad_call, bad_pos, sel_off, sel, sel_len, chain_start, n_chains, num_selected)
 
 
-def gather_rows(batch: Batch, dec: Decisions, placeholders: bool = False) -> RowArrays:
-    """Rows of every ok rollout (and one placeholder per masked rollout when asked)."""
+def gather_rows(batch: Batch, dec: Decisions, options: Options = Options()) -> RowArrays:
+    """Rows of every ok rollout (and one placeholder per masked rollout with
+    ``options.placeholders``)."""
+    placeholders = options.placeholders
     b = _readonly(batch)
     R = b.num_rollouts
     ok = dec.ok
