@@ -73,5 +73,21 @@ class RowGroupWriter:
         self._pending, self._rows, self._units = [], 0, 0
 
     def close(self) -> None:
-        self._flush()
-        self._writer.close()
+        """Write what is pending and the footer (idempotent)."""
+        if self._writer is None:
+            return
+        try:
+            self._flush()
+        finally:
+            writer, self._writer = self._writer, None
+            writer.close()
+
+    def __enter__(self) -> "RowGroupWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        elif self._writer is not None:  # the staged file is discarded: just release it
+            writer, self._writer = self._writer, None
+            writer.close()

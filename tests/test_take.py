@@ -1,0 +1,89 @@
+"""take_ragged / take_rows against their plain definitions, and the background writer."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chainrows.engine.ragged import take_ragged
+from chainrows.io.background import BackgroundWriter
+from chainrows.io.take import take_rows
+
+
+def naive_take_ragged(offsets, content, idx):
+    parts = [content[offsets[i]:offsets[i + 1]] for i in idx]
+    out_off = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+    return out_off, (np.concatenate(parts) if parts else content[:0])
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(0, 9), max_size=40), data=st.data(),
+       dtype=st.sampled_from([np.int32, np.float32, np.uint8, np.uint64]))
+def test_take_ragged_is_the_plain_gather(lengths, data, dtype):
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    content = np.arange(offsets[-1], dtype=np.int64).astype(dtype)
+    idx = np.array(data.draw(st.lists(st.integers(0, max(len(lengths) - 1, 0)),
+                                      max_size=60 if lengths else 0)), dtype=np.int64)
+    got_off, got = take_ragged(offsets, content, idx)
+    want_off, want = naive_take_ragged(offsets, content, idx)
+    assert np.array_equal(got_off, want_off)
+    assert got.dtype == content.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("offsets,idx", [([0, 2, 1], [0]), ([0, 2, 9], [1]), ([0, 2], [1]), ([0, 2], [-1])])
+def test_take_ragged_refuses_what_the_kernel_cannot_check(offsets, idx):
+    with pytest.raises(ValueError):
+        take_ragged(np.array(offsets), np.zeros(4, np.int32), np.array(idx))
+
+
+@pytest.mark.parametrize("list_type", [pa.list_(pa.int32()), pa.large_list(pa.int32()),
+                                       pa.list_(pa.float32())])
+def test_take_rows_equals_arrow_take(list_type):
+    rng = np.random.default_rng(1)
+    values = [list(rng.integers(0, 100, rng.integers(0, 6))) for _ in range(50)]
+    table = pa.table({"id": pa.array([f"r{i}" for i in range(50)]),
+                      "tokens": pa.array(values, list_type),
+                      "maybe": pa.array([None if i % 7 == 0 else [i] for i in range(50)], pa.list_(pa.int64()))})
+    chunked = pa.Table.from_batches(table.to_batches(max_chunksize=13))  # multi-chunk columns
+    sliced = chunked.slice(5, 40)  # non-zero offsets into the values
+    idx = rng.integers(0, 40, 70)
+    want = sliced.take(pa.array(idx))
+    got = take_rows(sliced, idx)
+    assert got.schema == want.schema
+    assert got.equals(want)
+
+
+class _ListWriter:
+    def __init__(self, fail_on=None):
+        self.tables, self.closed, self.fail_on = [], 0, fail_on
+
+    def write(self, t):
+        if len(self.tables) == self.fail_on:
+            raise OSError("disk full")
+        self.tables.append(t)
+
+    def close(self):
+        self.closed += 1
+
+    def __exit__(self, *exc):
+        self.closed += 1
+
+
+def test_background_writer_writes_in_order_and_closes_once():
+    inner = _ListWriter()
+    with BackgroundWriter(inner) as w:
+        for i in range(20):
+            w.write(i)
+    w.close()
+    assert inner.tables == list(range(20)) and inner.closed == 1
+
+
+def test_background_writer_raises_the_threads_error_to_the_caller():
+    inner = _ListWriter(fail_on=3)
+    w = BackgroundWriter(inner)
+    with pytest.raises(OSError, match="disk full"):
+        for i in range(50):
+            w.write(i)
+        w.close()
+    assert inner.tables == [0, 1, 2]
