@@ -104,6 +104,7 @@ def _reassemble_options(r):
     r.add_argument("--memory-budget", type=parse_size, default=None,
                    help="peak memory to stay under, e.g. 4GiB (default 4GiB)")
     r.add_argument("--buckets", type=_at_least_one, default=None, help=argparse.SUPPRESS)
+    r.add_argument("--steps", type=_at_least_one, default=None, help=argparse.SUPPRESS)
     r.add_argument("--resume", action="store_true",
                    help="reuse finished partitions of an interrupted run into the same OUT")
     r.add_argument("--threads", type=_at_least_one, default=None, help="kernel threads (default: all cores)")
@@ -114,6 +115,18 @@ def _reassemble_options(r):
 def _options(a) -> options.Options:
     return options.Options(mode=a.mode, placeholders=a.placeholders, baseline=a.baseline, no_std=a.no_std,
                    baseline_population=a.baseline_population, row_weight=a.row_weight)
+
+
+def _forced_route(a):
+    """--buckets / --steps (hidden, for tests and measurements) force a path."""
+    from chainrows.bulk import Route
+
+    if a.steps:
+        return Route("stream", a.steps, "forced by --steps")
+    if a.buckets:
+        return Route("memory", 1, "forced by --buckets 1") if a.buckets == 1 else \
+            Route("spill", a.buckets, "forced by --buckets")
+    return None
 
 
 def _set_threads(n):
@@ -128,7 +141,7 @@ def cmd_reassemble(a) -> int:
 
     _set_threads(a.threads)
     summary = bulk.run(a.dataset, a.out, _options(a), memory_budget=a.memory_budget or bulk.DEFAULT_BUDGET,
-                       buckets=a.buckets, resume=a.resume, progress=a.progress)
+                       route=_forced_route(a), resume=a.resume, progress=a.progress)
     print(f"chainrows reassemble ({a.mode}) {a.dataset} -> {a.out}")
     print(summary.format())
     return 0

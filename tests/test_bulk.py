@@ -1,16 +1,34 @@
-"""The dataset runner: Parquet in, Parquet out, in memory or partitioned, resumable."""
+"""The dataset runner: Parquet in, Parquet out, on each of its three paths (in memory,
+streaming windows, spill buckets), resumable, under a memory budget."""
 
 import subprocess
 import sys
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from chainrows import bulk, reference
+from chainrows.api import run_tables
+from chainrows.bulk import plan as planner
+from chainrows.bulk.windows import plan_windows, scan
+from chainrows.io.errors import InputError
+from chainrows.io.memory import process_rss
 from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 
 from test_properties import compare_outputs
+
+MEMORY = bulk.Route("memory", 1, "test")
+
+
+def stream(steps):
+    return bulk.Route("stream", steps, "test")
+
+
+def spill(buckets):
+    return bulk.Route("spill", buckets, "test")
 
 
 @pytest.fixture(scope="module")
@@ -20,28 +38,47 @@ def dataset(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def shuffled(dataset, tmp_path_factory):
+    """The same dataset with token rows shuffled over the whole table, the ledger split into
+    three files of small row groups (multi-chunk columns)."""
+    root = tmp_path_factory.mktemp("shuffled") / "data"
+    (root / "ledger").mkdir(parents=True)
+    tok = pq.read_table(dataset / "tokens.parquet")
+    perm = np.random.default_rng(0).permutation(tok.num_rows)
+    pq.write_table(tok.take(pa.array(perm)), root / "tokens.parquet", row_group_size=97)
+    led = pq.read_table(dataset / "ledger.parquet")
+    third = led.num_rows // 3
+    for i, (a, b) in enumerate([(0, third), (third, 2 * third), (2 * third, led.num_rows)]):
+        pq.write_table(led.slice(a, b - a), root / "ledger" / f"part-{i}.parquet", row_group_size=40)
+    pq.write_table(pq.read_table(dataset / "rollouts.parquet"), root / "rollouts.parquet")
+    return root
+
+
 def _read(out):
     return pq.read_table(out / "rows.parquet"), pq.read_table(out / "report.parquet")
 
 
-_RUN_TABLES = bulk.run_tables  # the real one, whatever a test has patched in
+def _bytes(out):
+    return {n: (out / n).read_bytes() for n in ("rows.parquet", "report.parquet")}
 
 
-def _count_buckets(monkeypatch, calls, crash_at=None):
-    """Patch bulk.run_tables to append to ``calls`` per bucket reassembled, and to raise on
-    call number ``crash_at`` (a crash in that bucket)."""
-    def counted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == crash_at:
-            raise RuntimeError(f"simulated crash in call {crash_at}")
-        return _RUN_TABLES(*args, **kwargs)
+class Counted:
+    """A reassemble seam: counts the batches it decides and raises on call ``crash_at``."""
 
-    monkeypatch.setattr(bulk, "run_tables", counted)
+    def __init__(self, crash_at=None):
+        self.calls, self.crash_at = 0, crash_at
+
+    def __call__(self, *tables):
+        self.calls += 1
+        if self.calls == self.crash_at:
+            raise RuntimeError(f"simulated crash in batch {self.crash_at}")
+        return run_tables(*tables)
 
 
 def test_round_trip_agrees_with_reference(dataset, tmp_path):
     """synth -> reassemble -> read rows: every rollout as the oracle decides it."""
-    summary = bulk.run(dataset, tmp_path / "out", buckets=1)
+    summary = bulk.run(dataset, tmp_path / "out", route=MEMORY)
     rows, report = _read(tmp_path / "out")
     ledger, tokens, rollouts = (pq.read_table(dataset / f"{n}.parquet").to_pylist()
                                 for n in ("ledger", "tokens", "rollouts"))
@@ -50,90 +87,128 @@ def test_round_trip_agrees_with_reference(dataset, tmp_path):
     assert summary.rollouts == len(want_report)
     assert summary.ok == sum(r["status"] == "ok" for r in want_report)
     assert summary.rows == len(want_rows) == rows.num_rows
+    assert summary.path == "memory"
 
 
-@pytest.mark.parametrize("buckets", [2, 5])
-def test_partitioned_output_is_byte_identical(dataset, tmp_path, buckets):
-    bulk.run(dataset, tmp_path / "one", buckets=1)
-    bulk.run(dataset, tmp_path / "many", buckets=buckets)
-    for name in ("rows.parquet", "report.parquet"):
-        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "many" / name).read_bytes()
+@pytest.mark.parametrize("route", [spill(2), spill(5), stream(2), stream(7), stream(40)],
+                         ids=lambda r: f"{r.path}-{r.batches}")
+@pytest.mark.parametrize("layout", ["capture order", "shuffled"])
+def test_every_path_writes_the_same_bytes(dataset, shuffled, tmp_path, route, layout):
+    src = dataset if layout == "capture order" else shuffled
+    bulk.run(dataset, tmp_path / "one", route=MEMORY)
+    summary = bulk.run(src, tmp_path / "many", route=route)
+    assert _bytes(tmp_path / "many") == _bytes(tmp_path / "one")
     assert not (tmp_path / "many" / bulk.WORK_DIR).exists()
+    assert summary.path == route.path and summary.rollouts == 240
 
 
-def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, monkeypatch):
+@pytest.mark.parametrize("options", [Options(mode="ordinary", placeholders=True),
+                                     Options(baseline="loo", no_std=True, baseline_population="ok",
+                                             row_weight="row", placeholders=True)])
+def test_stream_path_with_other_options(dataset, tmp_path, options):
+    bulk.run(dataset, tmp_path / "one", options, route=MEMORY)
+    bulk.run(dataset, tmp_path / "many", options, route=stream(6))
+    assert _bytes(tmp_path / "many") == _bytes(tmp_path / "one")
+
+
+@pytest.mark.parametrize("route,done_glob", [(spill(4), "spill/*/done.json"),
+                                             (stream(4), "windows/step-*.json")],
+                         ids=["spill", "stream"])
+def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, route, done_glob):
     reference_out = tmp_path / "ref"
-    bulk.run(dataset, reference_out, buckets=4)
+    bulk.run(dataset, reference_out, route=MEMORY)
     out = tmp_path / "out"
-    calls = []
-    _count_buckets(monkeypatch, calls, crash_at=3)  # bucket 2
-    with pytest.raises(RuntimeError):
-        bulk.run(dataset, out, buckets=4)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        bulk.run(dataset, out, route=route, reassemble=Counted(crash_at=3))
     assert not (out / "rows.parquet").exists() and not (out / "report.parquet").exists()
-    assert len(list((out / bulk.WORK_DIR / "spill").glob("*/done.json"))) == 2
-    calls.clear()
-    summary = bulk.run(dataset, out, buckets=4, resume=True)
-    assert len(calls) == 2  # buckets 2 and 3 only
+    assert len(list((out / bulk.WORK_DIR).glob(done_glob))) == 2
+    again = Counted()
+    summary = bulk.run(dataset, out, route=route, resume=True, reassemble=again)
+    assert again.calls == 2  # batches 2 and 3 only
     assert summary.rollouts == 240
-    for name in ("rows.parquet", "report.parquet"):
-        assert (out / name).read_bytes() == (reference_out / name).read_bytes()
+    assert _bytes(out) == _bytes(reference_out)
 
 
-def test_resume_ignores_work_of_other_options(dataset, tmp_path, monkeypatch):
+def test_resume_ignores_work_of_other_options(dataset, tmp_path):
     out = tmp_path / "out"
-    calls = []
-    _count_buckets(monkeypatch, calls, crash_at=2)
     with pytest.raises(RuntimeError):
-        bulk.run(dataset, out, buckets=3)
-    calls.clear()
-    _count_buckets(monkeypatch, calls)
-    bulk.run(dataset, out, Options(mode="ordinary"), buckets=3, resume=True)
-    assert len(calls) == 3  # different options: nothing reused
+        bulk.run(dataset, out, route=spill(3), reassemble=Counted(crash_at=2))
+    again = Counted()
+    bulk.run(dataset, out, Options(mode="ordinary"), route=spill(3), resume=True, reassemble=again)
+    assert again.calls == 3  # different options: nothing reused
 
 
-def test_plan_buckets_grows_with_size():
-    assert bulk.plan_buckets(10 << 20, 4 << 30) == 1
-    assert bulk.plan_buckets(8 << 30, 1 << 30) >= 8 * bulk.PEAK_FACTOR
+def test_resume_keeps_the_planned_route(dataset, tmp_path, monkeypatch):
+    """The planned batch count depends on the measured baseline; a resumed job keeps its own."""
+    out = tmp_path / "out"
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(4))
+    with pytest.raises(RuntimeError):
+        bulk.run(dataset, out, reassemble=Counted(crash_at=3))
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(5))  # another baseline
+    again = Counted()
+    summary = bulk.run(dataset, out, resume=True, reassemble=again)
+    assert summary.batches == 4 and again.calls == 2
+    bulk.run(dataset, tmp_path / "ref", route=MEMORY)
+    assert _bytes(out) == _bytes(tmp_path / "ref")
 
 
-def test_spill_buckets_follow_the_measured_baseline():
-    size, budget = 2_250_000_000, 512 << 20  # the large test below
-    k = bulk.spill_buckets(size, budget, 200 << 20)
-    per_bucket = size / k
-    assert bulk.SPILL_PEAK_FACTOR * per_bucket <= bulk.BUCKET_SHARE * (budget - (200 << 20))
-    assert bulk.spill_buckets(size, budget, 300 << 20) > k  # a bigger process leaves less room
-    assert bulk.spill_buckets(1, budget, 200 << 20) == 2
-    # a budget below the baseline cannot be met; the phases still get a quarter of it
-    assert bulk.headroom(budget, 600 << 20) == budget // 4
+# ----------------------------------------------------------------------------- the planner
+
+def test_spill_buckets_follow_the_room():
+    size, room = 2_250_000_000, 300 << 20
+    k = planner.spill_buckets(size, room)
+    assert planner.SPILL_PEAK_FACTOR * size / k <= planner.BUCKET_SHARE * room
+    assert planner.spill_buckets(size, room // 2) > k  # a bigger process leaves less room
+    assert planner.spill_buckets(1, room) == 2
+
+
+def test_budget_below_the_process_is_refused_naming_the_smallest():
+    fp = planner.Footprint(baseline=250 << 20, compile_seconds=0.0)
+    with pytest.raises(InputError, match=r"smallest budget that works here is 346 MiB"):
+        planner.check_budget(300 << 20, fp)
+    planner.check_budget(fp.smallest_budget, fp)  # exactly enough is accepted
 
 
 def test_baseline_is_the_process_rss_after_loading_kernels():
-    base = bulk.measure_baseline(Options(), True)
-    rss = bulk.process_rss()
+    fp = planner.measure_footprint(Options(), True)
+    rss = process_rss()
     if rss is None:  # no /proc: the constant
-        assert base == bulk.BASE_RSS
+        assert fp.baseline == planner.BASE_RSS
     else:
-        assert 0 < base and abs(rss - base) < 64 << 20
+        assert 0 < fp.baseline and abs(rss - fp.baseline) < 64 << 20
 
 
-def test_resume_keeps_the_planned_bucket_count(dataset, tmp_path, monkeypatch):
-    """The planned count depends on the measured baseline; a resumed job keeps its own."""
-    out = tmp_path / "out"
-    calls = []
-    monkeypatch.setattr(bulk, "plan_buckets", lambda total, budget: 2)  # "does not fit"
-    monkeypatch.setattr(bulk, "spill_buckets", lambda total, budget, base: 4)
-    _count_buckets(monkeypatch, calls, crash_at=3)
-    with pytest.raises(RuntimeError):
-        bulk.run(dataset, out)
-    calls.clear()
-    monkeypatch.setattr(bulk, "spill_buckets", lambda total, budget, base: 5)  # another baseline
-    _count_buckets(monkeypatch, calls)
-    summary = bulk.run(dataset, out, resume=True)
-    assert summary.buckets == 4 and len(calls) == 2  # buckets 2 and 3 only
-    bulk.run(dataset, tmp_path / "ref", buckets=1)
-    for name in ("rows.parquet", "report.parquet"):
-        assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+def test_window_plan_decides_each_group_once_all_its_rows_are_read(dataset, shuffled):
+    """Every row is decided at a step no earlier than the one that reads it; all rows of a
+    group at the same step; capture order decides groups early, shuffled tokens late."""
+    for src in (dataset, shuffled):
+        sc = scan(src, True)
+        plan = plan_windows(sc, 8)
+        group_done = {}
+        for name, t in sc.tables.items():
+            cuts, done = plan.cuts[name], plan.done[name]
+            assert cuts[0] == 0 and cuts[-1] == len(t.group) and np.all(np.diff(cuts) >= 0)
+            read_at = np.searchsorted(cuts, np.arange(len(t.group)), side="right") - 1
+            assert np.all(done >= read_at)
+            for g, d in zip(t.group.tolist(), done.tolist()):
+                assert group_done.setdefault(g, d) == d
+        assert plan.held.min() >= 0
+        assert abs(plan.decided.sum() - sc.total_bytes) < 1e-6 * sc.total_bytes
+    in_order = plan_windows(scan(dataset, True), 8)
+    mixed = plan_windows(scan(shuffled, True), 8)
+    assert planner.stream_peak(in_order) < planner.stream_peak(mixed)
+    assert mixed.decided[-1] > 0.9 * mixed.decided.sum()  # shuffled: nearly all at the end
 
+
+def test_route_choice_follows_the_input_order(dataset, shuffled):
+    total = sum(planner.input_bytes(dataset).values())
+    assert bulk.choose_route(dataset, total, 1 << 40, True).path == "memory"
+    room = int(total * planner.MEMORY_FACTOR / planner.SHARE / 3)  # about a third fits
+    assert bulk.choose_route(dataset, total, room, True).path == "stream"
+    assert bulk.choose_route(shuffled, total, room, True).path == "spill"
+
+
+# ----------------------------------------------------------------------------- larger than memory
 
 # The measured command is the CLI's, run in a fresh interpreter whose own VmHWM is read at the
 # end: ru_maxrss survives execve on Linux, so a child forked from a big pytest process would
@@ -156,30 +231,32 @@ def _peak(*args):
     return "\n".join(summary), peak
 
 
+def _field(summary: str, name: str) -> str:
+    return next(line[len(name):].strip() for line in summary.splitlines() if line.startswith(name))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
 def test_larger_than_memory_stays_under_budget(tmp_path):
-    """A dataset 4x the memory budget runs in buckets with peak RSS under the budget.
+    """A dataset 4x the memory budget runs in batches with peak RSS under the budget.
 
     ``chainrows reassemble DATA OUT --memory-budget 512MiB`` on 2.2 GB (uncompressed) of
-    synthetic data; about 3 minutes and 6 GB of temporary disk (1.6 GB of input, spill files
-    and runs up to 4.1 GB). (Byte-identity with an in-memory run is
-    tested on small data above: the bucket count does not change the output.)
+    synthetic data in capture order: about 2 minutes and up to 6 GB of temporary disk.
+    (Byte-identity with an in-memory run is tested on small data above.)
     """
     data = tmp_path / "big"
     write_synth_dataset(data, 31_000, seed=3, mean_gen_tokens=900, prompt_tokens=3000, workers=2)
     budget = 512 << 20
-    size = sum(bulk.input_bytes(data).values())
+    size = sum(planner.input_bytes(data).values())
     assert size >= 4 * budget, f"dataset {size} too small for the test"
-    # warm Numba's on-disk cache first, through the same partitioned path: a cold compile is a
-    # one-time cost, not data memory
+    # warm Numba's on-disk cache first: a cold compile is a one-time cost, not data memory
     small = tmp_path / "small"
     write_synth_dataset(small, 16, seed=1)
     _peak(small, tmp_path / "warm", "--memory-budget", "512MiB", "--buckets", "2")
     summary, peak = _peak(data, tmp_path / "out", "--memory-budget", "512MiB")
-    buckets = int(next(line.split()[-1] for line in summary.splitlines() if line.startswith("buckets")).replace(",", ""))
-    rollouts = int(next(line.split()[-1] for line in summary.splitlines() if line.startswith("rollouts")).replace(",", ""))
-    assert buckets > 1
+    path = _field(summary, "path")
+    rollouts = int(_field(summary, "rollouts").replace(",", ""))
+    assert not path.startswith("memory"), summary
     assert rollouts == _distinct_rollout_ids(data)  # every rollout reported once
     assert peak < budget, f"peak RSS {peak >> 20} MiB over the {budget >> 20} MiB budget\n{summary}"
 

@@ -216,6 +216,19 @@ def test_failed_run_keeps_previous_outputs(cli, good, tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_budget_below_the_process_is_refused_up_front(cli, good, tmp_path):
+    """A budget the process itself cannot fit is unusable input: exit 2, one line naming the
+    smallest budget that works, and a budget just above it is then accepted."""
+    out = tmp_path / "out"
+    res = cli.run("reassemble", good, out, "--memory-budget", "16MiB")
+    assert_clean_error(res, "error: --memory-budget 16 MiB is below what this process needs",
+                       "the smallest budget that works here is")
+    assert not out.exists() or not any(out.iterdir())
+    smallest = int(res.stderr.strip().rsplit(" is ", 1)[1].split()[0].replace(",", ""))
+    # another process measures its own baseline, a few MiB apart: leave it that margin
+    assert_ran(cli.run("reassemble", good, out, "--memory-budget", f"{smallest + 32}MiB"))
+
+
 # ----------------------------------------------------------------------------- arguments
 
 BAD_ARGS = [
@@ -228,6 +241,7 @@ BAD_ARGS = [
     ["reassemble", "{data}", "{out}", "--threads", "two"],
     ["reassemble", "{data}", "{out}", "--buckets", "-1"],
     ["reassemble", "{data}", "{out}", "--buckets", "many"],
+    ["reassemble", "{data}", "{out}", "--steps", "0"],
     ["reassemble", "{data}"],
     ["reassemble"],
     ["frobnicate"],

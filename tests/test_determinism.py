@@ -65,23 +65,27 @@ VARIATIONS = {
     "1 bucket": ["--buckets", "1"],
     "3 buckets": ["--buckets", "3", "--threads", "2"],
     "7 buckets, 1 thread": ["--buckets", "7", "--threads", "1"],
-    "16MiB budget": ["--memory-budget", "16MiB", "--threads", "2"],
+    "3 windows": ["--steps", "3", "--threads", "2"],
+    "11 windows, 1 thread": ["--steps", "11", "--threads", "1"],
     "64GiB budget": ["--memory-budget", "64GiB", "--threads", "2"],
 }
 # every variation with the default options; the main ones with the others
 CASES = [("default", v) for v in VARIATIONS] + [
-    (o, v) for o in OPTION_SETS if o != "default" for v in ("1 thread", "7 buckets, 1 thread", "16MiB budget")]
+    (o, v) for o in OPTION_SETS if o != "default"
+    for v in ("1 thread", "7 buckets, 1 thread", "11 windows, 1 thread")]
+PATHS = {"1 bucket": "memory", "3 buckets": "spill", "7 buckets, 1 thread": "spill",
+         "3 windows": "stream", "11 windows, 1 thread": "stream", "64GiB budget": "memory"}
 
 
 @pytest.mark.parametrize("options,variation", CASES, ids=[f"{o}|{v}" for o, v in CASES])
-def test_threads_buckets_budget(cli, dataset, baselines, tmp_path, options, variation):
+def test_threads_buckets_windows_budget(cli, dataset, baselines, tmp_path, options, variation):
     out = tmp_path / "out"
     res = cli.run("reassemble", dataset, out, *OPTION_SETS[options], *VARIATIONS[variation])
     assert_ran(res)
     _same(_bytes(out), baselines[options], f"{options} {variation}")
-    if "budget" in variation:  # the small budget does take the partitioned path
-        buckets = int(next(x for x in res.stdout.splitlines() if x.startswith("buckets")).split()[-1])
-        assert (buckets > 1) == variation.startswith("16MiB"), res.stdout
+    if variation in PATHS:  # the summary names the path the run took
+        path = next(x for x in res.stdout.splitlines() if x.startswith("path")).split()[1]
+        assert path.rstrip(",") == PATHS[variation], res.stdout
 
 
 def test_repeated_runs_and_rerun_into_same_out(cli, dataset, baselines, tmp_path):
@@ -128,7 +132,7 @@ def test_split_into_part_files(cli, dataset, baselines, tmp_path, seed):
         cuts += [cuts[0], min(cuts[0] + 1, n)]
         _write_parts(root, name, table, cuts, compression=rng.choice(["snappy", "zstd", "none"]),
                      row_group_size=rng.choice([None, 7, 100]))
-    for buckets in (["--buckets", "1"], ["--buckets", "3"]):
+    for buckets in (["--buckets", "1"], ["--buckets", "3"], ["--steps", "4"]):
         out = tmp_path / f"out{buckets[-1]}"
         assert_ran(cli.run("reassemble", root, out, "--threads", "2", *buckets))
         _same(_bytes(out), baselines["default"], f"parts seed {seed} {buckets}")
@@ -172,8 +176,8 @@ def test_row_order_without_meaning(cli, dataset, baselines, tmp_path, options):
     root.mkdir()
     for name, t in tables.items():
         pq.write_table(t, root / f"{name}.parquet", row_group_size=50)
-    for extra in ([], ["--buckets", "4"]):
-        out = tmp_path / f"out{len(extra)}"
+    for extra in ([], ["--buckets", "4"], ["--steps", "5"]):
+        out = tmp_path / f"out{'-'.join(extra)}"
         assert_ran(cli.run("reassemble", root, out, "--threads", "2", *OPTION_SETS[options], *extra))
         _same(_bytes(out), baselines[options], f"shuffled rows {options} {extra}")
 

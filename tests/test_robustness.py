@@ -497,12 +497,15 @@ def test_resume_after_sigkill_is_identical(crash_data, uninterrupted, tmp_path):
     assert not (out / WORK).exists()
 
 
-def _plant(report_spill: Path) -> None:
-    """Mark a finished bucket's report so a run that reuses it shows it."""
-    t = pq.read_table(report_spill)
+def _plant(report_run: Path) -> None:
+    """Mark a finished bucket's report run (Arrow IPC) so a run that reuses it shows it."""
+    from chainrows.bulk.runs import write_run
+
+    with pa.OSFile(str(report_run)) as src:
+        t = pa.ipc.open_file(src).read_all()
     t = t.set_column(t.schema.get_field_index("detail"), "detail",
                      pa.array(["PLANTED"] * t.num_rows, pa.string()))
-    pq.write_table(t, report_spill)
+    write_run(t, report_run, 65536)
 
 
 def _planted(out: Path) -> bool:
@@ -523,7 +526,7 @@ def test_resume_reuses_finished_buckets_of_the_same_job_only(crash_data, uninter
     assert rc == -signal.SIGKILL, err
     done = sorted((out / WORK).glob("spill/bucket-*/done.json"))
     assert done, "killed after a finished bucket, yet none is recorded"
-    _plant(done[0].parent / "out-report.parquet")
+    _plant(done[0].parent / "out.report.arrow")
     outs = {change: tmp_path / f"out-{change}" for change in ("options", "dataset")}
     for o in outs.values():
         shutil.copytree(out, o)

@@ -1,0 +1,277 @@
+"""``run``: reassemble a dataset directory into ``OUT/rows.parquet`` and ``OUT/report.parquet``
+under a memory budget, on the cheapest path that fits:
+
+- ``memory``: read everything, decide once, write (the estimated peak fits);
+- ``stream``: read the three tables once, side by side, deciding each GRPO group as soon as
+  all its rows are read (chainrows.bulk.windows); each window's sorted output is a run;
+- ``spill``: hash-partition by group to disk, decide bucket by bucket (input whose groups
+  complete too late for any window, e.g. token rows in random order).
+
+Runs are merged by rollout_id, so every path writes the same bytes. Everything is staged in
+``OUT`` and committed atomically (chainrows.io.write.AtomicOutput); ``OUT/.chainrows-work``
+holds finished windows or buckets for ``--resume`` until the commit.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+
+from chainrows.api import Result, run_tables
+from chainrows.bulk import plan as planner
+from chainrows.bulk.runs import RUN_SUFFIX, merge_tree, write_run
+from chainrows.bulk.spill import partition_once, reassemble_buckets, summary_of
+from chainrows.bulk.stream import stream_windows
+from chainrows.bulk.summary import Summary
+from chainrows.bulk.windows import TABLES, plan_windows, scan
+from chainrows.io.background import BackgroundWriter
+from chainrows.io.dataset import read_dataset, table_files, table_schema
+from chainrows.io.memory import one_arrow_thread, process_peak_rss
+from chainrows.io.rowgroups import RowGroupWriter
+from chainrows.io.schema import REPORT_SCHEMA, rows_schema
+from chainrows.io.write import AtomicOutput
+from chainrows.options import Options
+from chainrows.progress import Progress
+
+WORK_DIR = ".chainrows-work"
+MANIFEST_VERSION = 3
+MERGE_SHARE = 16  # of the room, what the merge's buffered run batches may take
+RUN_MAX_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class Route:
+    """The path a run takes, how many batches (windows or buckets), and why."""
+
+    path: str
+    batches: int
+    why: str
+    plan: object = None
+
+
+def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: int = planner.DEFAULT_BUDGET,
+        resume: bool = False, progress: bool | None = None, route: Route | None = None,
+        reassemble: Callable[[pa.Table, pa.Table, pa.Table, Options], Result] = run_tables) -> Summary:
+    """Reassemble ``dataset_dir`` into ``out_dir``; returns the run's summary.
+
+    ``memory_budget``: peak resident bytes of the whole process; a budget below what the
+    process needs is an InputError naming the smallest that works. ``resume``: reuse the
+    finished windows or buckets a killed run of the same dataset and options left in
+    ``out_dir/.chainrows-work``. ``route``: force a path (tests, ``--buckets``).
+    ``reassemble``: the engine call per batch (a seam for tests and other engines).
+    """
+    t0 = time.perf_counter()
+    sizes = planner.input_bytes(dataset_dir)
+    total = sum(sizes.values())
+    has_lp = "logprobs" in table_schema(dataset_dir, "tokens").names
+    footprint = planner.measure_footprint(options, has_lp)
+    planner.check_budget(memory_budget, footprint)
+    room = footprint.room(memory_budget)
+    out = Path(out_dir)
+    work = out / WORK_DIR
+    route = route or (resumable_route(work, dataset_dir, options) if resume else None) \
+        or choose_route(dataset_dir, total, room, has_lp)
+    if route.path == "stream" and route.plan is None:
+        route = Route("stream", route.batches, route.why, plan_windows(scan(dataset_dir, has_lp), route.batches))
+    summary = Summary(input_bytes=total, path=route.path, why=route.why, batches=route.batches,
+                      compile_seconds=footprint.compile_seconds)
+    decide = lambda ledger, tokens, rollouts: reassemble(ledger, tokens, rollouts, options)  # noqa: E731
+    out.mkdir(parents=True, exist_ok=True)
+    schemas = {"rows": rows_schema(has_lp), "report": REPORT_SCHEMA}
+    with AtomicOutput(out) as staged, \
+            BackgroundWriter(RowGroupWriter(staged.reserve_file("rows"), schemas["rows"],
+                                            unit_column="input_ids")) as rows_w, \
+            RowGroupWriter(staged.reserve_file("report"), schemas["report"]) as report_w:
+        if route.path == "memory":
+            bar = Progress("reassemble", 1, enabled=progress, unit="steps")
+            ds = read_dataset(dataset_dir)
+            result = decide(ds.ledger, ds.tokens, ds.rollouts)
+            del ds
+            summary.add(result)
+            rows_w.write(result.rows)
+            report_w.write(result.report)
+            bar.advance(1)
+            bar.close()
+        else:
+            prepare_work(work, manifest(dataset_dir, options, route), resume)
+            with (one_arrow_thread() if route.path == "spill" else _nothing()):
+                if route.path == "stream":
+                    runs = _stream(dataset_dir, work, route, decide, room, schemas, progress)
+                else:
+                    runs = _spill(dataset_dir, work, route, decide, room, total, schemas, progress)
+                summary.merge(summary_of(runs))
+                _merge(work, runs, rows_w, report_w, room, route.path == "spill", progress)
+    shutil.rmtree(work, ignore_errors=True)  # only after the outputs are committed
+    summary.seconds = time.perf_counter() - t0
+    summary.peak_rss = process_peak_rss() or 0
+    return summary
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def choose_route(dataset_dir, total: int, room: int, has_lp: bool) -> Route:
+    """In memory when its estimated peak fits; else streaming windows when a plan with at most
+    MAX_STEPS steps fits (reading the id columns once to know); else spill buckets."""
+    if planner.fits_in_memory(total, room):
+        return Route("memory", 1, "fits in memory")
+    sc = scan(dataset_dir, has_lp)
+    steps = planner.first_steps(sc.total_bytes, room)
+    while steps <= planner.MAX_STEPS:
+        plan = plan_windows(sc, steps)
+        if planner.stream_peak(plan) <= planner.SHARE * room:
+            return Route("stream", steps, "groups complete in read order", plan)
+        if plan.decided.max(initial=0) * planner.MEMORY_FACTOR > planner.SHARE * room and steps >= 4 * \
+                planner.first_steps(sc.total_bytes, room):
+            break  # more steps no longer shrink the largest window: its groups complete late
+        steps *= 2
+    return Route("spill", planner.spill_buckets(total, room),
+                 "groups complete too late in read order to stream within the budget")
+
+
+def manifest(dataset_dir, options: Options, route: Route) -> dict:
+    files = {}
+    for name in TABLES:
+        for f in table_files(dataset_dir, name):
+            st = f.stat()
+            files[str(f.resolve())] = [st.st_size, st.st_mtime_ns]
+    return {"version": MANIFEST_VERSION, "files": files, "options": options.to_json(),
+            "path": route.path, "batches": route.batches}
+
+
+def resumable_route(work: Path, dataset_dir, options: Options) -> Route | None:
+    """The route an interrupted run of the same dataset and options recorded in ``work``, so a
+    resumed job keeps its batches (the planner's choice depends on the measured baseline)."""
+    try:
+        recorded = json.loads((work / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    probe = manifest(dataset_dir, options, Route(recorded.get("path", ""), recorded.get("batches", 0), ""))
+    if recorded != probe or probe["path"] not in ("stream", "spill"):
+        return None
+    return Route(probe["path"], int(probe["batches"]), "resumed: the interrupted run's plan")
+
+
+def prepare_work(work: Path, wanted: dict, resume: bool) -> None:
+    """Keep ``work`` when resuming the same job; otherwise start it afresh."""
+    path = work / "manifest.json"
+    if resume and path.exists():
+        try:
+            if json.loads(path.read_text()) == wanted:
+                return
+        except (OSError, ValueError):
+            pass
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(wanted, sort_keys=True))
+    tmp.replace(path)
+
+
+def _keep(result: Result, where: Path, stem: str, schemas: dict, batch_bytes: int) -> dict:
+    """A batch's sorted outputs as runs ``<stem>.rows.arrow`` / ``.report.arrow`` in batches of
+    about ``batch_bytes``; returns its record (counts, where, the largest batch)."""
+    rows = result.rows.cast(schemas["rows"])
+    per_row = max(rows.nbytes // max(rows.num_rows, 1), 1)
+    batch_rows = int(max(1, min(RUN_MAX_ROWS, batch_bytes // per_row)))
+    write_run(rows, where / f"{stem}.rows{RUN_SUFFIX}", batch_rows)
+    write_run(result.report, where / f"{stem}.report{RUN_SUFFIX}", 65536)
+    part = Summary()
+    part.add(result)
+    return {"summary": part.counts_json(), "stem": str(where / stem), "batch_bytes": batch_rows * per_row}
+
+
+def _run_batch_bytes(room: int, runs: int) -> int:
+    """Bytes per run batch so that two batches of every run fit the merge's share."""
+    return max(1, (room // MERGE_SHARE) // (2 * max(runs, 1)))
+
+
+def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, progress) -> list[dict]:
+    windows = work / "windows"
+    windows.mkdir(exist_ok=True)
+    plan = route.plan
+    done = {k for k in range(plan.steps) if (windows / f"step-{k:05d}.json").exists()}
+    bar = Progress("stream", plan.steps, enabled=progress, unit="steps")
+    in_schemas = {n: table_schema(dataset_dir, n) for n in TABLES}
+
+    def store(k, result):
+        record = _keep(result, windows, f"step-{k:05d}", schemas, _run_batch_bytes(room, plan.steps))
+        marker = windows / f"step-{k:05d}.json"
+        marker.with_suffix(".tmp").write_text(json.dumps(record))
+        marker.with_suffix(".tmp").replace(marker)
+        bar.advance(1)
+
+    bar.advance(len(done))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="chainrows-keep") as keeper:
+        pending = []
+
+        def one(k, window):  # decide window k while window k - 1's runs are written
+            result = decide(window["ledger"], window["tokens"], window["rollouts"])
+            if pending:
+                pending.pop().result()
+            pending.append(keeper.submit(store, k, result))
+
+        stream_windows(dataset_dir, plan, in_schemas, one, skip=done)
+        if pending:
+            pending.pop().result()
+    bar.close()
+    return [json.loads(p.read_text()) for p in sorted(windows.glob("step-*.json"))]
+
+
+def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int, schemas, progress) -> list[dict]:
+    # The streaming Parquet reader holds ~13x its batch, the bucket buffers ~2.4x their size:
+    # batches of room/128 and buffers of room/16 keep partitioning near a third of the room.
+    spill = partition_once(dataset_dir, work, route.batches, _batch_rows(dataset_dir, room // 128),
+                           max(4 << 20, room // 16), total, progress)
+    return reassemble_buckets(spill, route.batches, decide,
+                              lambda b, result, d: _keep(result, d, "out", schemas,
+                                                         _run_batch_bytes(room, route.batches)),
+                              progress)
+
+
+def _batch_rows(dataset_dir, batch_bytes: int) -> int:
+    """Rows per input batch while partitioning: about ``batch_bytes`` of tokens per batch."""
+    footers = [planner.footer("tokens", f) for f in table_files(dataset_dir, "tokens")]
+    rows = sum(md.num_rows for md in footers)
+    size = sum(planner.uncompressed(md) for md in footers)
+    return int(max(64, min(1 << 20, batch_bytes / max(size / max(rows, 1), 1.0))))
+
+
+def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: bool, progress) -> None:
+    """Merge the sorted runs into the final writers: all at once when their batches fit the
+    merge's share of the room (runs were cut for that), else in levels."""
+    stems = [Path(r["stem"]) for r in records]
+    batch_bytes = max((r["batch_bytes"] for r in records), default=1)
+    fan_in = max(2, min(len(stems), _open_file_limit() // 4,
+                        (room // MERGE_SHARE) // (2 * max(batch_bytes, 1))))
+    bar = Progress("merge", 2, enabled=progress, unit="tables")
+    merge_tree([s.with_name(s.name + f".rows{RUN_SUFFIX}") for s in stems], rows_w,
+               RUN_MAX_ROWS, fan_in, work / "merge-rows", release=tight)
+    bar.advance(1)
+    merge_tree([s.with_name(s.name + f".report{RUN_SUFFIX}") for s in stems], report_w, 65536,
+               max(2, min(len(stems), _open_file_limit() // 4)), work / "merge-report", release=tight)
+    bar.advance(1)
+    bar.close()
+
+
+def _open_file_limit() -> int:
+    """The soft limit on open files (each merged run holds one open)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return soft if soft != resource.RLIM_INFINITY else 1 << 16
+    except (ImportError, OSError, ValueError):
+        return 256

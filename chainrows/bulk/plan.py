@@ -1,0 +1,128 @@
+"""How a bulk run fits its memory budget: the measured process baseline, the path (in memory,
+streaming windows, spill buckets) and its sizes.
+
+The budget covers the peak resident set of the whole process (VmHWM), interpreter, libraries
+and loaded kernels included. The factors are peak bytes over input bytes, measured on this
+project's benchmark shapes (docs/limits.md "Memory budget"); the baseline is measured in the
+running process after its kernels are loaded.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from chainrows.io.dataset import table_files, table_schema
+from chainrows.io.errors import InputError
+from chainrows.io.memory import process_rss, release_memory
+from chainrows.options import Options
+
+DEFAULT_BUDGET = 4 << 30
+BASE_RSS = 320 << 20     # process baseline where it cannot be measured (no /proc)
+MIN_ROOM = 96 << 20      # the least memory above the baseline any path works in
+MEMORY_FACTOR = 4.0      # in-memory run: peak over the input's uncompressed bytes (3.3x measured)
+SHARE = 0.75             # of the room above the baseline, what the planned peak may use
+SPILL_PEAK_FACTOR = 6.0  # spill bucket: peak over its input, allocator retention included
+BUCKET_SHARE = 0.6
+MAX_STEPS = 4096
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What the process needs before any data: ``baseline`` bytes resident once the kernels are
+    loaded, measured in ``compile_seconds`` (a cold Numba cache compiles them then)."""
+
+    baseline: int
+    compile_seconds: float
+
+    @property
+    def smallest_budget(self) -> int:
+        return self.baseline + MIN_ROOM
+
+    def room(self, budget: int) -> int:
+        return budget - self.baseline
+
+
+def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
+    """Load every kernel with a two-call reassembly (compiling them on a cold cache), then read
+    the process's resident set."""
+    from chainrows import api
+    from chainrows.bulk.warmup import tiny_tables
+    from chainrows.io.partition import string_hashes
+
+    t0 = time.perf_counter()
+    tables = tiny_tables(has_logprobs)
+    api.run_tables(*tables, options)
+    string_hashes(tables[2]["rollout_id"])
+    seconds = time.perf_counter() - t0
+    del tables
+    release_memory()
+    rss = process_rss()
+    return Footprint(rss if rss is not None else BASE_RSS, seconds)
+
+
+def check_budget(budget: int, footprint: Footprint) -> None:
+    """A budget below what the process itself needs cannot hold: unusable input (exit 2)."""
+    if budget < footprint.smallest_budget:
+        raise InputError(
+            f"--memory-budget {_mib(budget)} is below what this process needs: "
+            f"{_mib(footprint.baseline)} measured for the interpreter, libraries and kernels, plus "
+            f"{_mib(MIN_ROOM)} to work in; the smallest budget that works here is "
+            f"{_mib(footprint.smallest_budget)}")
+
+
+def _mib(n: int) -> str:
+    return f"{math.ceil(n / (1 << 20)):,} MiB"
+
+
+def footer(name: str, file) -> pq.FileMetaData:
+    """A Parquet footer; an unreadable file is unusable input."""
+    try:
+        return pq.ParquetFile(file).metadata
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"unreadable Parquet file: {' '.join(str(exc).split())}", table=name,
+                         file=file) from exc
+
+
+def uncompressed(md: pq.FileMetaData) -> int:
+    return sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+
+
+def input_bytes(dataset_dir) -> dict[str, int]:
+    """Uncompressed bytes of each table, from Parquet footers (no data read). Every file's
+    schema is checked first, so unusable input fails before any work."""
+    for name in ("ledger", "tokens", "rollouts"):
+        table_schema(dataset_dir, name)
+    return {name: sum(uncompressed(footer(name, f)) for f in table_files(dataset_dir, name))
+            for name in ("ledger", "tokens", "rollouts")}
+
+
+def fits_in_memory(total_bytes: int, room: int) -> bool:
+    return total_bytes * MEMORY_FACTOR <= SHARE * room
+
+
+def stream_peak(plan) -> float:
+    """Estimated peak above the baseline of a streaming plan, at its worst step: the rows held,
+    the decided window's working memory, the previous window's output still being written,
+    and the next step's rows read meanwhile."""
+    if plan.steps == 0:
+        return 0.0
+    previous = np.concatenate(([0.0], plan.decided[:-1]))
+    ahead = np.concatenate((plan.read[1:], [0.0]))
+    return float((plan.held + (MEMORY_FACTOR - 1) * plan.decided + previous + ahead).max())
+
+
+def first_steps(total_bytes: float, room: int) -> int:
+    """Steps so that one step's share of the input, decided, fits the room."""
+    return max(2, math.ceil(total_bytes * MEMORY_FACTOR / (SHARE * room)))
+
+
+def spill_buckets(total_bytes: int, room: int) -> int:
+    """Spill buckets so one bucket's estimated peak stays within BUCKET_SHARE of the room."""
+    per_bucket = BUCKET_SHARE * room / SPILL_PEAK_FACTOR
+    return max(2, math.ceil(total_bytes / per_bucket))

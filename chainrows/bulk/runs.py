@@ -1,0 +1,152 @@
+"""Sorted runs and their k-way merge: how windows and spill buckets become one sorted output.
+
+Every reassembled batch (a streaming window, a spill bucket) is sorted by rollout_id; its rows
+are kept as an Arrow IPC *run*, and the runs are merged by rollout_id into the final writers, so
+the output is the bytes an in-memory run writes. IPC, not Parquet: a run needs no second check
+and an IPC reader holds just its batches (docs/limits.md has the measurements).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from chainrows.io.memory import release_memory
+from chainrows.io.partition import SPILL_IPC as IPC_OPTIONS
+from chainrows.io.take import take_rows
+
+RUN_SUFFIX = ".arrow"
+
+
+class RunWriter:
+    """Writes a sorted run (Arrow IPC file) in batches of ``batch_rows`` rows, whatever the
+    sizes of the tables appended. A context manager; ``close`` is idempotent. ``commit=True``
+    writes to ``<path>.tmp`` and renames it to ``path`` on a clean close only."""
+
+    def __init__(self, path: Path, schema: pa.Schema, batch_rows: int, *, commit: bool = False):
+        self.path = Path(path)
+        self._target = self.path.with_name(self.path.name + ".tmp") if commit else self.path
+        self._sink = pa.OSFile(str(self._target), "wb")
+        self._w = pa.ipc.new_file(self._sink, schema, options=IPC_OPTIONS)
+        self.batch_rows = batch_rows
+        self._pending: list[pa.Table] = []
+        self._rows = 0
+        self._closed = False
+
+    def write(self, table: pa.Table) -> None:
+        """Append rows; batches are cut every ``batch_rows`` rows."""
+        self._pending.append(table)
+        self._rows += table.num_rows
+        if self._rows >= self.batch_rows:
+            self._emit(final=False)
+
+    def _emit(self, final: bool) -> None:
+        if not self._pending:
+            return
+        table = pa.concat_tables(self._pending)
+        full = table.num_rows if final else table.num_rows - table.num_rows % self.batch_rows
+        for batch in table.slice(0, full).to_batches(max_chunksize=self.batch_rows):
+            self._w.write_batch(batch)
+        rest = table.slice(full)
+        self._pending, self._rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+
+    def close(self, *, failed: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not failed:
+                self._emit(final=True)
+            self._w.close()
+        finally:
+            self._sink.close()
+        if failed:
+            self._target.unlink(missing_ok=True)
+        elif self._target != self.path:
+            os.replace(self._target, self.path)
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(failed=exc_type is not None)
+
+
+def write_run(table: pa.Table, path: Path, batch_rows: int) -> None:
+    """``table`` (sorted) as the run ``path``, atomically."""
+    with RunWriter(path, table.schema, batch_rows, commit=True) as w:
+        w.write(table)
+
+
+def run_batches(path: Path):
+    """The record batches of a run, one at a time, as written."""
+    pool = pa.default_memory_pool()
+    with pa.OSFile(str(path), memory_pool=pool) as src:
+        reader = pa.ipc.open_file(src, memory_pool=pool)
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+
+
+def run_schema(path: Path) -> pa.Schema:
+    with pa.OSFile(str(path)) as src:
+        return pa.ipc.open_file(src).schema
+
+
+def merge_tree(files: list[Path], writer, batch_rows: int, fan_in: int, scratch: Path,
+               release: bool = False) -> None:
+    """Merge sorted runs into ``writer``, at most ``fan_in`` open at once (extra levels through
+    intermediate runs of ``batch_rows``-row batches when there are more)."""
+    level = 0
+    while len(files) > fan_in:
+        scratch.mkdir(parents=True, exist_ok=True)
+        merged = []
+        for i in range(0, len(files), fan_in):
+            group = files[i:i + fan_in]
+            path = scratch / f"run-{level}-{i // fan_in:05d}{RUN_SUFFIX}"
+            with RunWriter(path, run_schema(group[0]), batch_rows) as w:
+                merge_sorted(group, w, release)
+            if level:  # intermediate runs only: the first level's inputs stay for --resume
+                for f in group:
+                    Path(f).unlink(missing_ok=True)
+            merged.append(path)
+        files, level = merged, level + 1
+    merge_sorted(files, writer, release)
+
+
+def merge_sorted(files: list[Path], writer, release: bool = False) -> None:
+    """k-way merge of runs sorted by rollout_id (ids disjoint across runs), a step at a time:
+    each step emits, sorted, the rows of every open run up to the smallest last id buffered.
+    ``release``: hand freed memory back to the OS after each step (tight budgets)."""
+    iters = [run_batches(f) for f in files]
+    bufs: list[pa.Table | None] = [None] * len(iters)
+
+    def refill(i):
+        while bufs[i] is None or bufs[i].num_rows == 0:
+            nxt = next(iters[i], None)
+            if nxt is None:
+                bufs[i] = None
+                return
+            bufs[i] = pa.Table.from_batches([nxt])
+
+    for i in range(len(iters)):
+        refill(i)
+    while any(b is not None for b in bufs):
+        live = [i for i, b in enumerate(bufs) if b is not None]
+        bound = min(bufs[i]["rollout_id"][-1].as_py() for i in live)
+        pieces = []
+        for i in live:
+            n = int(pc.sum(pc.less_equal(bufs[i]["rollout_id"], bound)).as_py() or 0)
+            if n:
+                pieces.append(bufs[i].slice(0, n))
+                bufs[i] = bufs[i].slice(n)
+            refill(i)
+        merged = pa.concat_tables(pieces)
+        keys = [("rollout_id", "ascending")] + ([("segment", "ascending")] if "segment" in merged.column_names else [])
+        order = pc.sort_indices(merged.select([k for k, _ in keys]), sort_keys=keys).to_numpy()
+        writer.write(take_rows(merged, order))
+        del merged, pieces
+        if release:
+            release_memory()

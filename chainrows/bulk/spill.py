@@ -1,0 +1,65 @@
+"""The spill pass, for input that no streaming window fits (e.g. token rows in random order):
+hash-partition the three tables by group into buckets on disk (chainrows.io.partition), then
+reassemble bucket by bucket into sorted runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from chainrows.api import Result
+from chainrows.bulk.summary import Summary
+from chainrows.io.memory import release_memory
+from chainrows.io.partition import bucket_dir, partition, read_bucket
+from chainrows.progress import Progress
+
+FINISHED = "partitioned"
+
+
+def partition_once(dataset_dir, work: Path, buckets: int, batch_rows: int, buffer_bytes: int,
+                   total: int, progress) -> Path:
+    """The spill buckets under ``work/spill``, partitioned unless a resumed job already did."""
+    spill = work / "spill"
+    if not (work / FINISHED).exists():
+        shutil.rmtree(spill, ignore_errors=True)
+        bar = Progress("partition", total, enabled=progress)
+        partition(dataset_dir, spill, buckets, batch_rows, bar, buffer_bytes=buffer_bytes)
+        bar.close()
+        (work / FINISHED).touch()
+    return spill
+
+
+def reassemble_buckets(spill: Path, buckets: int, reassemble: Callable[..., Result],
+                       keep: Callable[[int, Result, Path], dict], progress) -> list[dict]:
+    """Reassemble every bucket not finished yet; ``keep(b, result, dir)`` stores its outputs
+    and returns its record. Returns every bucket's record (finished ones read back)."""
+    bar = Progress("reassemble", buckets, enabled=progress, unit="buckets")
+    records = []
+    for b in range(buckets):
+        d = bucket_dir(spill, b)
+        done = d / "done.json"
+        if not done.exists():
+            ledger, tokens, rollouts = read_bucket(d)
+            result = reassemble(ledger, tokens, rollouts)
+            del ledger, tokens, rollouts
+            record = keep(b, result, d)
+            del result
+            tmp = done.with_name(done.name + ".tmp")
+            tmp.write_text(json.dumps(record))
+            tmp.replace(done)
+            for name in ("ledger", "tokens", "rollouts"):
+                shutil.rmtree(d / name, ignore_errors=True)
+            release_memory()
+        records.append(json.loads(done.read_text()))
+        bar.advance(1)
+    bar.close()
+    return records
+
+
+def summary_of(records: list[dict]) -> Summary:
+    total = Summary()
+    for r in records:
+        total.merge(Summary.from_counts(r["summary"]))
+    return total

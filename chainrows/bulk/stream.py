@@ -1,0 +1,104 @@
+"""The streaming pass: read the three tables once, side by side, and decide each GRPO group
+as soon as all of its rows have been read (chainrows.bulk.windows has the plan)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from chainrows.bulk.windows import TABLES, WindowPlan, take
+from chainrows.io.dataset import iter_table_batches
+
+
+def concat(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """Tables of one dataset table as one, whatever offset widths their batches came with."""
+    parts = [p for p in parts if p.num_rows] or [schema.empty_table()]
+    if any(p.schema != parts[0].schema for p in parts):
+        wide = pa.unify_schemas([p.schema for p in parts], promote_options="permissive")
+        parts = [p.cast(wide) for p in parts]
+    return pa.concat_tables(parts)
+
+
+class RowReader:
+    """A table's record batches, handed out as tables of exactly the rows asked for."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]):
+        self._batches = batches
+        self._pending: pa.Table | None = None
+        self.schema: pa.Schema | None = None
+
+    def read(self, n: int) -> list[pa.Table]:
+        out, got = [], 0
+        while got < n:
+            if self._pending is None or self._pending.num_rows == 0:
+                batch = next(self._batches, None)
+                if batch is None:
+                    raise RuntimeError("table ended before the rows its first pass counted")
+                self._pending = pa.Table.from_batches([batch])
+                self.schema = self.schema or batch.schema
+            piece = self._pending.slice(0, n - got)
+            self._pending = self._pending.slice(piece.num_rows)
+            out.append(piece)
+            got += piece.num_rows
+        return out
+
+
+class Windows:
+    """Yields ``(step, {table: rows decided at that step})`` for every step of ``plan``."""
+
+    def __init__(self, dataset_dir, plan: WindowPlan, schemas: dict[str, pa.Schema]):
+        self.plan = plan
+        self.schemas = schemas
+        rows_per_step = {n: max(1, int(plan.cuts[n][-1]) // plan.steps) for n in TABLES}
+        self._readers = {n: RowReader(iter_table_batches(dataset_dir, n, None,
+                                                         max(64, rows_per_step[n] // 4)))
+                         for n in TABLES}
+        self._held: dict[str, list[tuple[pa.Table, np.ndarray]]] = {n: [] for n in TABLES}
+
+    def step(self, k: int) -> dict[str, pa.Table]:
+        """Read step ``k``'s rows; return the rows of the groups decided at ``k``, in read order."""
+        window = {}
+        for name in TABLES:
+            start, stop = int(self.plan.cuts[name][k]), int(self.plan.cuts[name][k + 1])
+            pieces = self._held[name]
+            if stop > start:
+                new = concat(self._readers[name].read(stop - start), self.schemas[name])
+                pieces = pieces + [(new, self.plan.done[name][start:stop])]
+            now, held = [], []
+            for table, done in pieces:
+                here, later = np.flatnonzero(done == k), np.flatnonzero(done > k)
+                if len(here):
+                    now.append(take(table, here))
+                if len(later):
+                    held.append((take(table, later), done[later]))
+            self._held[name] = held
+            window[name] = concat(now, self.schemas[name])
+        return window
+
+
+def stream_windows(dataset_dir, plan: WindowPlan, schemas: dict[str, pa.Schema],
+                   decide: Callable[[int, dict[str, pa.Table]], None], skip: set[int] = frozenset()) -> None:
+    """Call ``decide(k, window)`` for every step with rows, in step order; the next step's rows
+    are read on a second thread meanwhile (Parquet decoding releases the GIL). Steps in
+    ``skip`` are read (their rows must be passed) but not decided."""
+    windows = Windows(dataset_dir, plan, schemas)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="chainrows-read") as pool:
+        ahead = pool.submit(windows.step, 0) if plan.steps else None
+        for k in range(plan.steps):
+            window = ahead.result()
+            ahead = pool.submit(windows.step, k + 1) if k + 1 < plan.steps else None
+            try:
+                if k not in skip and any(t.num_rows for t in window.values()):
+                    decide(k, window)
+            except BaseException:
+                if ahead is not None:
+                    ahead.cancel()
+                    try:
+                        ahead.result()
+                    except BaseException:
+                        pass
+                raise
+            del window

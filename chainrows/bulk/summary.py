@@ -1,0 +1,104 @@
+"""What a bulk run did, for the person who ran it: counts, the path taken, time."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from chainrows.api import Result
+from chainrows.progress import human_bytes
+
+
+@dataclass
+class Summary:
+    """Counts over every reassembled batch of a run, plus how the run was done.
+
+    ``path``: ``memory`` (one batch), ``stream`` (windows of whole groups, read once) or
+    ``spill`` (hash-partitioned to disk first); ``why``: the planner's reason. ``placeholder_rows``:
+    rows written for masked rollouts (in ``rows`` beside the ``rows`` trained rows).
+    """
+
+    rollouts: int = 0
+    ok: int = 0
+    reasons: Counter = field(default_factory=Counter)
+    rows: int = 0
+    placeholder_rows: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    calls: int = 0
+    unselected_calls: int = 0
+    orphan_token_rows: int = 0
+    input_bytes: int = 0
+    path: str = "memory"
+    why: str = ""
+    batches: int = 1
+    peak_rss: int = 0
+    compile_seconds: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, result: Result) -> None:
+        """Count one reassembled batch."""
+        rows, report = result
+        status = report["status"].to_numpy(zero_copy_only=False)
+        ok = status == "ok"
+        self.rollouts += report.num_rows
+        self.ok += int(ok.sum())
+        for item in report["reason"].filter(pa.array(~ok)).value_counts().to_pylist():
+            self.reasons[item["values"]] += item["counts"]
+        trained = int(np.asarray(report["num_rows"]).sum())
+        self.rows += trained
+        self.placeholder_rows += rows.num_rows - trained
+        if rows.num_rows:
+            lengths = pc.list_value_length(rows["input_ids"]).filter(pc.greater(rows["weight"], 0))
+            self.tokens += int(pc.sum(lengths).as_py() or 0)
+        self.loss_tokens += int(np.asarray(report["loss_tokens"]).sum())
+        calls = np.asarray(report["num_calls"])
+        self.calls += int(calls.sum())
+        self.unselected_calls += int((calls - np.asarray(report["num_selected"]))[ok].sum())
+        self.orphan_token_rows += result.orphan_token_rows
+
+    _COUNTS = ("rollouts", "ok", "rows", "placeholder_rows", "tokens", "loss_tokens", "calls",
+               "unselected_calls", "orphan_token_rows")
+
+    def merge(self, other: "Summary") -> None:
+        """Add another batch's counts (the run's own fields stay)."""
+        for name in self._COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.reasons.update(other.reasons)
+
+    def counts_json(self) -> dict:
+        """The counts alone, as a finished batch records them for --resume."""
+        return {**{k: getattr(self, k) for k in self._COUNTS}, "reasons": dict(self.reasons)}
+
+    @classmethod
+    def from_counts(cls, d: dict) -> "Summary":
+        d = dict(d)
+        return cls(reasons=Counter(d.pop("reasons", {})), **d)
+
+    def format(self) -> str:
+        masked = self.rollouts - self.ok
+        work = max(self.seconds - self.compile_seconds, 1e-9)
+        lines = [("rollouts", f"{self.rollouts:,}"), ("  ok", f"{self.ok:,}"), ("  masked", f"{masked:,}")]
+        for reason, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append((f"    {reason}", f"{n:,}"))
+        lines += [("rows", f"{self.rows:,}" + (f" (+ {self.placeholder_rows:,} placeholder rows)"
+                                               if self.placeholder_rows else "")),
+                  ("tokens", f"{self.tokens:,}"),
+                  ("loss tokens", f"{self.loss_tokens:,}"),
+                  ("calls", f"{self.calls:,}"),
+                  ("  unselected (ok rollouts)", f"{self.unselected_calls:,}"),
+                  ("orphan token rows", f"{self.orphan_token_rows:,}"),
+                  ("input (uncompressed)", human_bytes(self.input_bytes)),
+                  ("path", f"{self.path}, {self.batches:,} batch{'es' if self.batches != 1 else ''}"
+                           + (f" ({self.why})" if self.why else ""))]
+        if self.peak_rss:
+            lines.append(("peak memory", human_bytes(self.peak_rss)))
+        lines.append(("time", f"{self.seconds:.2f} s" + (f" (of which compiling kernels {self.compile_seconds:.1f} s)"
+                                                          if self.compile_seconds >= 1 else "")))
+        lines.append(("throughput", f"{self.rollouts / work:,.0f} rollouts/s, {self.tokens / work / 1e6:,.1f} M tokens/s"))
+        width = max(len(k) for k, _ in lines)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)

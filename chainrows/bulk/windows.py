@@ -1,0 +1,162 @@
+"""The streaming plan: which GRPO groups can be decided after how much of each table was read.
+
+A first pass reads the id columns alone (no tokens): the rollouts table maps every rollout to
+its group (first row of an id counts; a rollout without a rollouts row or with a null group is
+a group of its own), the ledger gives each call's ``delta_len`` (an estimate of its token
+row's bytes). The three tables are then read side by side in ``steps`` steps: at step ``k``
+each table is read up to the same fraction ``(k + 1) / steps`` of its estimated bytes. A group
+is decided at the first step by which every one of its rows, in every table, has been read;
+rows of groups not yet complete are held until then.
+
+Input in capture order completes groups soon after they start, so little is held; token rows
+shuffled over the file complete almost every group at the last step, and the plan's estimated
+peak says so before any token is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from chainrows.io.dataset import iter_table_batches
+from chainrows.io.partition import string_hashes
+
+TABLES = ("ledger", "tokens", "rollouts")
+LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (order of magnitude)
+ROLLOUT_ROW_BYTES = 200
+SCAN_BATCH_ROWS = 1 << 16
+
+
+@dataclass(frozen=True)
+class TableScan:
+    """Per row of one table, in read order: its group (dense code) and estimated Arrow bytes."""
+
+    group: np.ndarray   # int64[rows]
+    nbytes: np.ndarray  # float64[rows]
+
+
+@dataclass(frozen=True)
+class Scan:
+    tables: dict[str, TableScan]
+    n_groups: int
+
+    @property
+    def total_bytes(self) -> float:
+        return float(sum(t.nbytes.sum() for t in self.tables.values()))
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """``steps`` reads. ``cuts[name][k]``: rows of table ``name`` read after step ``k - 1``
+    (``cuts[name][0] == 0``). ``done[name]``: per row, the step that decides its group.
+    ``held[k]`` / ``decided[k]`` / ``read[k]``: estimated bytes in memory at step ``k`` / of the
+    groups decided then / read then."""
+
+    steps: int
+    cuts: dict[str, np.ndarray]
+    done: dict[str, np.ndarray]
+    held: np.ndarray
+    decided: np.ndarray
+    read: np.ndarray
+
+
+def scan(dataset_dir, has_logprobs: bool) -> Scan:
+    """Read the id columns of the three tables (and ledger delta_len) once."""
+    keys, first_key = [], []
+    rid_parts, grp_parts = [], []
+    for batch in iter_table_batches(dataset_dir, "rollouts", ["rollout_id", "group_id"], SCAN_BATCH_ROWS):
+        rid = string_hashes(batch.column("rollout_id"))
+        valid = pc.is_valid(batch.column("group_id")).to_numpy(zero_copy_only=False)
+        grp = np.where(valid, string_hashes(batch.column("group_id")) ^ np.uint64(0x9E3779B97F4A7C15), rid)
+        rid_parts.append(rid)
+        grp_parts.append(grp)
+    ro_rid = np.concatenate(rid_parts) if rid_parts else np.zeros(0, np.uint64)
+    ro_grp = np.concatenate(grp_parts) if grp_parts else np.zeros(0, np.uint64)
+    keys, first = np.unique(ro_rid, return_index=True)
+    key_group = ro_grp[first]
+
+    def group_of(rid: np.ndarray) -> np.ndarray:
+        pos = np.searchsorted(keys, rid)
+        pos_c = np.minimum(pos, max(len(keys) - 1, 0))
+        hit = pos < len(keys)
+        if len(keys):
+            hit &= keys[pos_c] == rid
+        return np.where(hit, key_group[pos_c] if len(keys) else rid, rid)
+
+    led_rid, led_delta = [], []
+    for batch in iter_table_batches(dataset_dir, "ledger", ["rollout_id", "delta_len"], SCAN_BATCH_ROWS):
+        led_rid.append(string_hashes(batch.column("rollout_id")))
+        led_delta.append(batch.column("delta_len").to_numpy(zero_copy_only=False))
+    led_rid = np.concatenate(led_rid) if led_rid else np.zeros(0, np.uint64)
+    led_delta = np.concatenate(led_delta).astype(np.float64) if led_delta else np.zeros(0)
+    tok_rid = [string_hashes(b.column("rollout_id"))
+               for b in iter_table_batches(dataset_dir, "tokens", ["rollout_id"], SCAN_BATCH_ROWS)]
+    tok_rid = np.concatenate(tok_rid) if tok_rid else np.zeros(0, np.uint64)
+
+    # token row bytes: the rollout's ledger tokens spread evenly over its token rows
+    per_token = 4 + 4 + (4 if has_logprobs else 0)  # tokens, list offsets amortised, logprobs
+    all_rid, rid_code = np.unique(np.concatenate([led_rid, tok_rid]), return_inverse=True)
+    led_code, tok_code = rid_code[:len(led_rid)], rid_code[len(led_rid):]
+    tokens_of = np.bincount(led_code, weights=np.clip(led_delta, 0, 1 << 31), minlength=len(all_rid))
+    rows_of = np.bincount(tok_code, minlength=len(all_rid))
+    tok_bytes = 16 + per_token * tokens_of[tok_code] / np.maximum(rows_of[tok_code], 1)
+
+    groups = [group_of(led_rid), group_of(tok_rid), ro_grp]
+    uniq, codes = np.unique(np.concatenate(groups), return_inverse=True)
+    bounds = np.cumsum([0] + [len(g) for g in groups])
+    return Scan(
+        tables={
+            "ledger": TableScan(codes[bounds[0]:bounds[1]], np.full(len(led_rid), float(LEDGER_ROW_BYTES))),
+            "tokens": TableScan(codes[bounds[1]:bounds[2]], tok_bytes),
+            "rollouts": TableScan(codes[bounds[2]:bounds[3]], np.full(len(ro_rid), float(ROLLOUT_ROW_BYTES))),
+        },
+        n_groups=len(uniq),
+    )
+
+
+def plan_windows(sc: Scan, steps: int) -> WindowPlan:
+    """Read the three tables in ``steps`` equal fractions of their bytes; decide each group at
+    the first step by which all its rows are read."""
+    steps = max(1, int(steps))
+    read_at = {}
+    for name, t in sc.tables.items():
+        cum = np.cumsum(t.nbytes)
+        total = cum[-1] if len(cum) else 0.0
+        frac = cum / total if total > 0 else np.ones(len(cum))
+        read_at[name] = np.clip(np.ceil(frac * steps).astype(np.int64) - 1, 0, steps - 1)
+    done_of_group = np.zeros(sc.n_groups, dtype=np.int64)
+    for name, t in sc.tables.items():
+        np.maximum.at(done_of_group, t.group, read_at[name])
+    held_diff = np.zeros(steps + 1)
+    decided = np.zeros(steps)
+    read = np.zeros(steps)
+    done, cuts = {}, {}
+    for name, t in sc.tables.items():
+        d = done_of_group[t.group]
+        done[name] = d
+        cuts[name] = np.searchsorted(read_at[name], np.arange(steps), side="left").astype(np.int64)
+        cuts[name] = np.append(cuts[name], len(d))
+        np.add.at(held_diff, read_at[name], t.nbytes)
+        np.add.at(held_diff, d + 1, -t.nbytes)
+        np.add.at(decided, d, t.nbytes)
+        np.add.at(read, read_at[name], t.nbytes)
+    return WindowPlan(steps, cuts, done, np.cumsum(held_diff)[:steps], decided, read)
+
+
+def rows_decided_at(done: np.ndarray, start: int, stop: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Of the rows ``start:stop`` of a table: indices (relative) decided at ``step``, and of
+    those held for later."""
+    d = done[start:stop]
+    return np.flatnonzero(d == step), np.flatnonzero(d > step)
+
+
+def take(table: pa.Table, idx: np.ndarray) -> pa.Table:
+    """Rows ``idx`` of ``table`` (a slice when they are contiguous)."""
+    if len(idx) == table.num_rows:
+        return table
+    if len(idx) and idx[-1] - idx[0] + 1 == len(idx):
+        return table.slice(int(idx[0]), len(idx))
+    return table.take(pa.array(idx))
