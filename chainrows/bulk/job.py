@@ -30,9 +30,9 @@ from chainrows.bulk.runs import RUN_SUFFIX, merge_tree, write_run
 from chainrows.bulk.spill import partition_once, reassemble_buckets, summary_of
 from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
-from chainrows.bulk.windows import TABLES, plan_windows, scan
+from chainrows.bulk.windows import plan_windows, scan
 from chainrows.io.background import BackgroundWriter
-from chainrows.io.dataset import read_dataset, table_files, table_schema
+from chainrows.io.dataset import TABLES, read_dataset, table_files, table_schema
 from chainrows.io.memory import one_arrow_thread, process_peak_rss
 from chainrows.io.rowgroups import RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema

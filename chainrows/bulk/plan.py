@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chainrows.io.dataset import table_files, table_schema
+from chainrows.io.dataset import TABLES, table_files, table_schema
 from chainrows.io.errors import InputError
 from chainrows.io.memory import process_rss, release_memory
 from chainrows.options import Options
@@ -96,10 +96,10 @@ def uncompressed(md: pq.FileMetaData) -> int:
 def input_bytes(dataset_dir) -> dict[str, int]:
     """Uncompressed bytes of each table, from Parquet footers (no data read). Every file's
     schema is checked first, so unusable input fails before any work."""
-    for name in ("ledger", "tokens", "rollouts"):
+    for name in TABLES:
         table_schema(dataset_dir, name)
     return {name: sum(uncompressed(footer(name, f)) for f in table_files(dataset_dir, name))
-            for name in ("ledger", "tokens", "rollouts")}
+            for name in TABLES}
 
 
 def fits_in_memory(total_bytes: int, room: int) -> bool:

@@ -11,6 +11,7 @@ from typing import Callable
 
 from chainrows.api import Result
 from chainrows.bulk.summary import Summary
+from chainrows.io.dataset import TABLES
 from chainrows.io.memory import release_memory
 from chainrows.io.partition import bucket_dir, partition, read_bucket
 from chainrows.progress import Progress
@@ -49,7 +50,7 @@ def reassemble_buckets(spill: Path, buckets: int, reassemble: Callable[..., Resu
             tmp = done.with_name(done.name + ".tmp")
             tmp.write_text(json.dumps(record))
             tmp.replace(done)
-            for name in ("ledger", "tokens", "rollouts"):
+            for name in TABLES:
                 shutil.rmtree(d / name, ignore_errors=True)
             release_memory()
         records.append(json.loads(done.read_text()))

@@ -9,8 +9,8 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from chainrows.bulk.windows import TABLES, WindowPlan, take
-from chainrows.io.dataset import iter_table_batches
+from chainrows.bulk.windows import WindowPlan, take
+from chainrows.io.dataset import TABLES, iter_table_batches
 
 
 def concat(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:

@@ -21,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.io.dataset import iter_table_batches
+from chainrows.io.arrays import FirstValue
+from chainrows.io.dataset import TABLES, iter_table_batches
 from chainrows.io.partition import string_hashes
 
-TABLES = ("ledger", "tokens", "rollouts")
 LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (order of magnitude)
 ROLLOUT_ROW_BYTES = 200
 SCAN_BATCH_ROWS = 1 << 16
@@ -65,7 +65,6 @@ class WindowPlan:
 
 def scan(dataset_dir, has_logprobs: bool) -> Scan:
     """Read the id columns of the three tables (and ledger delta_len) once."""
-    keys, first_key = [], []
     rid_parts, grp_parts = [], []
     for batch in iter_table_batches(dataset_dir, "rollouts", ["rollout_id", "group_id"], SCAN_BATCH_ROWS):
         rid = string_hashes(batch.column("rollout_id"))
@@ -75,16 +74,7 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
         grp_parts.append(grp)
     ro_rid = np.concatenate(rid_parts) if rid_parts else np.zeros(0, np.uint64)
     ro_grp = np.concatenate(grp_parts) if grp_parts else np.zeros(0, np.uint64)
-    keys, first = np.unique(ro_rid, return_index=True)
-    key_group = ro_grp[first]
-
-    def group_of(rid: np.ndarray) -> np.ndarray:
-        pos = np.searchsorted(keys, rid)
-        pos_c = np.minimum(pos, max(len(keys) - 1, 0))
-        hit = pos < len(keys)
-        if len(keys):
-            hit &= keys[pos_c] == rid
-        return np.where(hit, key_group[pos_c] if len(keys) else rid, rid)
+    group_of = FirstValue(ro_rid, ro_grp)
 
     led_rid, led_delta = [], []
     for batch in iter_table_batches(dataset_dir, "ledger", ["rollout_id", "delta_len"], SCAN_BATCH_ROWS):
@@ -104,7 +94,7 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
     rows_of = np.bincount(tok_code, minlength=len(all_rid))
     tok_bytes = 16 + per_token * tokens_of[tok_code] / np.maximum(rows_of[tok_code], 1)
 
-    groups = [group_of(led_rid), group_of(tok_rid), ro_grp]
+    groups = [group_of.get(led_rid, led_rid), group_of.get(tok_rid, tok_rid), ro_grp]
     uniq, codes = np.unique(np.concatenate(groups), return_inverse=True)
     bounds = np.cumsum([0] + [len(g) for g in groups])
     return Scan(

@@ -15,10 +15,13 @@ key alone went quadratic on 100,000 calls sharing their first item.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numba import prange
 
 from chainrows.engine._jit import jit, pjit
+from chainrows.engine.batch import readonly
 from chainrows.reasons import (
     D_ACCEPTED, D_AMBIGUOUS, D_NO_OUTPUT, D_OUT_OF_ORDER, D_TERMINAL_NOT_LAST, D_UNMATCHED,
 )
@@ -89,6 +92,34 @@ def candidate_index(call_off, key_len, whole, cand_off, cand_call):
                     j -= gap
                 cand_call[a + j] = c
             gap //= 3
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The per-rollout candidate index of the selection: ``call[off[r]:off[r+1]]`` are the
+    calls of rollout r with item keys, sorted by (``length``, ``hash``) = (item count, hash of
+    all their keys), then call index."""
+
+    off: np.ndarray     # int64[R + 1]
+    length: np.ndarray  # int64[K]
+    hash: np.ndarray    # uint64[K]
+    call: np.ndarray    # int64[K]
+
+
+def build_candidates(call_off: np.ndarray, key_off: np.ndarray, item_keys: np.ndarray,
+                     call_rollout: np.ndarray) -> Candidates:
+    """The candidate index of a batch: ``call_off`` per-rollout call offsets, ``key_off`` /
+    ``item_keys`` every call's item keys (offsets + content), ``call_rollout`` each call's
+    rollout (non-decreasing). Offsets must be validated by the caller (kernels here do no
+    bounds checks)."""
+    key_len = np.diff(key_off)
+    whole = np.empty(len(key_len), dtype=np.uint64)
+    call_key_hashes(readonly(key_off), readonly(item_keys), whole)
+    off = np.zeros(len(call_off), dtype=np.int64)
+    np.cumsum(np.bincount(call_rollout[key_len > 0], minlength=len(call_off) - 1), out=off[1:])
+    call = np.empty(int(off[-1]), dtype=np.int64)
+    candidate_index(readonly(call_off), readonly(key_len), readonly(whole), readonly(off), call)
+    return Candidates(off, np.ascontiguousarray(key_len[call]), np.ascontiguousarray(whole[call]), call)
 
 
 @jit(inline="always")

@@ -22,20 +22,16 @@ import pyarrow.compute as pc
 
 from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import fnv1a_strings
-from chainrows.io.dataset import iter_table_batches, table_schema
+from chainrows.io.arrays import FirstValue, one_chunk
+from chainrows.io.dataset import TABLES, iter_table_batches, table_schema
 from chainrows.io.memory import release_memory
-
-TABLES = ("rollouts", "ledger", "tokens")
-
 
 SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
 
 
 def string_hashes(col) -> np.ndarray:
     """uint64 hash of each string (a null hashes like the empty string)."""
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    arr = col.cast(pa.large_string())
+    arr = one_chunk(col).cast(pa.large_string())
     if len(arr) == 0:
         return np.zeros(0, dtype=np.uint64)
     _, off_buf, data_buf = arr.buffers()
@@ -60,22 +56,12 @@ class Router:
             valid = pc.is_valid(batch.column("group_id")).to_numpy(zero_copy_only=False)
             rid_h.append(h)
             bucket.append(np.where(valid, g, h) % self.k)
-        rid_h = np.concatenate(rid_h) if rid_h else np.zeros(0, np.uint64)
-        bucket = np.concatenate(bucket) if bucket else np.zeros(0, np.uint64)
-        keys, first = np.unique(rid_h, return_index=True)
-        self.keys = keys
-        self.buckets = bucket[first]
+        self._bucket_of = FirstValue(np.concatenate(rid_h) if rid_h else np.zeros(0, np.uint64),
+                                     np.concatenate(bucket) if bucket else np.zeros(0, np.uint64))
 
     def route(self, rollout_ids) -> np.ndarray:
         h = string_hashes(rollout_ids)
-        pos = np.searchsorted(self.keys, h)
-        pos_c = np.minimum(pos, max(len(self.keys) - 1, 0))
-        hit = (pos < len(self.keys))
-        if len(self.keys):
-            hit &= self.keys[pos_c] == h
-        out = h % self.k
-        out[hit] = self.buckets[pos_c[hit]]
-        return out.astype(np.int64)
+        return self._bucket_of.get(h, h % self.k).astype(np.int64)
 
 
 def bucket_dir(spill: Path, b: int) -> Path:
@@ -97,7 +83,7 @@ def read_bucket(bucket: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
     Arrow pool."""
     pool = pa.default_memory_pool()
     tables = []
-    for name in ("ledger", "tokens", "rollouts"):
+    for name in TABLES:
         parts = []
         for path in sorted((bucket / name).glob("part-*.arrow")):
             with pa.OSFile(str(path), memory_pool=pool) as src:

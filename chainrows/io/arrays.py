@@ -1,0 +1,99 @@
+"""Array idioms the IO layer uses in many places, each written once: one chunk of a column, the
+offsets of a list array, offsets from lengths, concatenated ranges, and exact-match probes of
+sorted keys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def one_chunk(col) -> pa.Array:
+    """``col`` as one Array: a ChunkedArray's only chunk as it is (zero copy), or its chunks
+    concatenated; an Array unchanged."""
+    if isinstance(col, pa.ChunkedArray):
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return col
+
+
+def list_offsets(arr: pa.Array) -> np.ndarray:
+    """int64 offsets (length ``len(arr) + 1``) of a list or large_list Array into ``arr.values``;
+    a slice keeps its offsets into the unsliced values."""
+    return arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def offsets_from_lengths(lengths) -> np.ndarray:
+    """``[0, l0, l0 + l1, ...]`` as int64."""
+    off = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return off
+
+
+def offsets_from_owner(owner: np.ndarray, n: int) -> np.ndarray:
+    """Offsets of ``n`` groups from each item's (non-decreasing) group index."""
+    return offsets_from_lengths(np.bincount(owner, minlength=n).astype(np.int64))
+
+
+def range_index(starts, lengths) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each (s, n), vectorised."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    shift = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths)
+    return shift + np.arange(total, dtype=np.int64)
+
+
+def probe_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``keys``: (a position in ``sorted_keys``, whether the key is there). Where it
+    is, the position is its first occurrence; elsewhere the position is in range but meaningless."""
+    pos = np.searchsorted(sorted_keys, keys, side="left")
+    n = len(sorted_keys)
+    if n == 0:
+        return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
+    pos_c = np.minimum(pos, n - 1)
+    return pos_c, (pos < n) & (sorted_keys[pos_c] == keys)
+
+
+def member(keys: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """``keys[i] in pool``, by sort and binary search (np.isin is slower: docs/decisions-io.md)."""
+    if len(pool) == 0 or len(keys) == 0:
+        return np.zeros(len(keys), dtype=bool)
+    return probe_sorted(np.sort(pool), keys)[1]
+
+
+class KeyIndex:
+    """Sorted int64 keys for exact-match probes; remembers each key's original position."""
+
+    def __init__(self, keys: np.ndarray):
+        self.order = np.argsort(keys, kind="stable")
+        self.sorted = keys[self.order]
+
+    def later_duplicates(self) -> np.ndarray:
+        """bool per original position: an earlier position holds the same key."""
+        dup = np.zeros(len(self.sorted), dtype=bool)
+        same = self.sorted[1:] == self.sorted[:-1]
+        dup[self.order[1:][same]] = True
+        return dup
+
+    def lookup(self, keys: np.ndarray, missing: int) -> np.ndarray:
+        """Original position of the first occurrence of each key; ``missing`` where absent or
+        negative (a negative key matches nothing)."""
+        pos, hit = probe_sorted(self.sorted, keys)
+        hit &= keys >= 0
+        out = np.full(len(keys), missing, dtype=np.int64)
+        out[hit] = self.order[pos[hit]]
+        return out
+
+
+class FirstValue:
+    """uint64 key -> the value of its first occurrence (a lookup table built from two arrays)."""
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray):
+        self.keys, first = np.unique(keys, return_index=True)
+        self.values = values[first]
+
+    def get(self, keys: np.ndarray, default: np.ndarray) -> np.ndarray:
+        """The value of each of ``keys``, ``default[i]`` where a key is absent."""
+        pos, hit = probe_sorted(self.keys, keys)
+        return np.where(hit, self.values[pos] if len(self.keys) else default, default)
