@@ -16,8 +16,8 @@ PARALLEL_OPTIONS = dict(OPTIONS, parallel=True)
 
 
 # Helpers called once per call or candidate inside a kernel's loop take inline="always" (Numba IR
-# inlining): a jitted call that passes a dozen arrays cost more than the helper's body (select on
-# a 1 GB batch: 48 -> 19 ms). Each inlined call site is compiled again, so keep those sites few.
+# inlining): a jitted call that passes a dozen arrays costs more than the helper's body
+# (docs/decisions-engine.md). Each inlined call site is compiled again, so keep those sites few.
 def jit(*args, **kwargs):
     """numba.njit with the project's options."""
     return numba.njit(*args, **{**OPTIONS, **kwargs})

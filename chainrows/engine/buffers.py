@@ -4,9 +4,7 @@ The row columns end up in Arrow tables anyway (zero copy either way). The differ
 happens to a buffer after it is freed: Arrow's default pool (mimalloc or jemalloc) keeps
 recently freed pages mapped for a while, so the next batch reuses them, where numpy's large
 allocations are fresh mappings whose every page faults in (and is zeroed by the kernel) on
-first write. Measured on this 2-core VM (numpy vs pool allocation interleaved in one process,
-best of 7, synthetic rollouts): ``chainrows.reassemble`` 8% faster at 4,096 rollouts and 15%
-at 16,384 on 1 thread, 21% at 4,096 on 2 threads.
+first write (docs/decisions-engine.md has the measurement).
 """
 
 from __future__ import annotations

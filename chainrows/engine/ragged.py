@@ -2,8 +2,8 @@
 
 Plain-Python definition: ``out = concat(content[offsets[i] * w:offsets[i + 1] * w] for i in idx)``
 with ``w`` the item width in bytes, and ``out_off`` the running sums of those lengths.
-pyarrow's ``take`` on list columns builds the result element by element (~150 MB/s measured,
-docs/decisions-io.md); this copies each row's bytes as one block.
+pyarrow's ``take`` on list columns builds the result element by element; this copies each
+row's bytes as one block (docs/decisions-engine.md).
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from chainrows.reasons import (
 
 
 # Up to this many candidate calls, a position tries each one (first key, then _survives) rather
-# than hashing a window per item count and searching the index: 45 vs 57 ms CPU on a 1 GB
-# synthetic batch. Read at call time (run.decide passes it), so tests can force either path.
+# than hashing a window per item count and searching the index, which is faster for few calls
+# (docs/decisions-engine.md). Read at call time (run.decide passes it), so tests can force either path.
 LINEAR_MAX = 16
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -70,8 +70,8 @@ def candidate_index(call_off, key_len, whole, cand_off, cand_call):
 
     Plain-Python definition: ``np.lexsort((whole, key_len, rollout))`` over the calls with keys.
     A Shell sort per rollout (gaps 1, 4, 13, ...): an insertion sort on the few calls a rollout
-    usually has, and no quadratic time on a 100,000-call one. One thread: ~1 ms per 4,096
-    rollouts (np.argsort here added ~7 s to the cold compile, prange ~1 s).
+    usually has, and no quadratic time on a 100,000-call one. One thread, no np.argsort: both
+    add seconds to the cold compile (docs/decisions-engine.md).
     """
     for r in range(len(call_off) - 1):
         a = cand_off[r]

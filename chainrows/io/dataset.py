@@ -463,8 +463,8 @@ STREAM_BUFFER = 1 << 20
 
 def _iter_file(plan, file, read_cols, batch_rows) -> Iterator[pa.RecordBatch]:
     try:
-        # pre_buffer=True (pyarrow's default) reads ahead the whole file: 1.2 GB of pool memory
-        # for a 1.2 GB tokens file, measured. Streaming batches must not.
+        # pre_buffer=True (pyarrow's default) reads ahead the whole file into pool memory;
+        # streaming batches must not (docs/decisions-io.md "Streaming reads").
         pf = pq.ParquetFile(file, pre_buffer=False, buffer_size=STREAM_BUFFER)
         footer_rows = pf.metadata.num_rows
         batches = pf.iter_batches(batch_size=batch_rows, columns=read_cols)

@@ -6,10 +6,8 @@ token row of its calls, in original order (capture order survives). A bucket's t
 Arrow IPC part files, ``<spill>/bucket-00007/{ledger,tokens,rollouts}/part-000003.arrow``,
 holding rows already checked and normalized by the reader (:func:`read_bucket` reads them back).
 
-Why IPC and not Parquet: the rows need no second check, and reading a bucket's ~100 Parquet
-parts per table left Arrow's allocator holding far more. Measured on the first 25 of 69 buckets
-of the 2.2 GB test dataset (31 MiB each): RSS between buckets grew 195 -> 268 MiB and peaked at
-431 MiB reading Parquet parts, 195 -> 211 MiB and 372 MiB reading IPC parts, 2.3x faster.
+IPC, not Parquet: the rows need no second check, and reading Parquet parts back left Arrow's
+allocator holding far more (docs/decisions-io.md "Spill files").
 """
 
 from __future__ import annotations

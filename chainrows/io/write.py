@@ -32,25 +32,8 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX: stale temp dirs are cleaned by age only
     fcntl = None
 
-# Writer options, chosen by measurement (docs/decisions-io.md has the script). Synthetic `rows`
-# table: 2000 rows, 13.0 M tokens, 117.5 MB in memory, with logprobs; GRPO groups of 8 share a
-# prompt; pyarrow 26, 2 vCPUs shared with other jobs, so times are best-of-5 CPU seconds
-# (write; single-threaded read), which were stable where wall times were not:
-#   option                                size      B/token  write cpu  read cpu
-#   default (dictionary all cols, snappy)  53.2 MB   4.08     0.85 s     0.35 s
-#   dictionary all cols, zstd (default lv) 42.3 MB   3.25     1.25 s     0.51 s
-#   dictionary strings only, none         156.5 MB  12.01     0.47 s     0.55 s
-#   dictionary strings only, snappy        56.9 MB   4.37     0.55 s     0.41 s
-#   dictionary strings only, lz4           50.6 MB   3.89     0.58 s     0.31 s
-#   dictionary strings only, zstd(1)       39.6 MB   3.04     0.70 s     0.39 s   <- chosen
-#   dictionary strings only, zstd(3)       39.7 MB   3.04     0.98 s     0.44 s
-#   no dictionary at all, zstd(1)          39.6 MB   3.04     0.76 s     0.48 s
-#   dictionary strings + loss_mask, zstd(1) 39.5 MB  3.03     0.86 s     0.41 s
-#   + BYTE_STREAM_SPLIT logprobs, zstd(1)  37.8 MB   2.90     0.83 s     0.37 s
-# Dictionary-encoding the token lists costs write time and buys nothing once compressed.
-# zstd(1) is 26% smaller than the default at 18% less write CPU; lz4 writes 17% faster but is
-# 28% bigger; zstd(3) is slower and no smaller. BYTE_STREAM_SPLIT (5% smaller) is left out:
-# older Parquet readers may not decode it, and it is slower to write.
+# Writer options, chosen by measurement: zstd(1), dictionaries on the id strings only
+# (docs/decisions-io.md "Writer options" has the table and the script).
 DICTIONARY_COLUMNS = [
     "rollout_id", "group_id", "status", "reason", "detail", "call_ids.list.element",
 ]
