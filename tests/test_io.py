@@ -19,7 +19,6 @@ from chainrows.io import write as wmod
 from chainrows.io.dataset import (
     Dataset,
     check_schema,
-    dataset_has_logprobs,
     iter_table_batches,
     plan_table,
     read_dataset,
@@ -28,6 +27,7 @@ from chainrows.io.dataset import (
     table_schema,
 )
 from chainrows.io.errors import InputError
+from chainrows.io.rowgroups import RowGroupWriter
 from chainrows.io.schema import (
     ACCEPTED_FIELD,
     LEDGER_SCHEMA,
@@ -41,7 +41,6 @@ from chainrows.io.schema import (
 from chainrows.io.write import (
     WRITE_OPTIONS,
     AtomicOutput,
-    PartWriter,
     clean_stale_temp_dirs,
     write_dataset,
     write_dataset_atomic,
@@ -130,7 +129,7 @@ def test_roundtrip_gives_canonical_tables(ds_dir):
     assert str(d.rollouts.schema) == str(ROLLOUTS_SCHEMA)
     assert d.has_logprobs and not d.has_accepted
     assert d.files == {n: [ds_dir / f"{n}.parquet"] for n in ("ledger", "tokens", "rollouts")}
-    assert dataset_has_logprobs(ds_dir)
+    assert "logprobs" in table_schema(ds_dir, "tokens").names
 
 
 def test_optional_columns_absent_and_present(tmp_path):
@@ -139,7 +138,7 @@ def test_optional_columns_absent_and_present(tmp_path):
     assert not d.has_logprobs and d.has_accepted
     assert d.tokens.schema == TOKENS_SCHEMA
     assert d.rollouts.schema == ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD)
-    assert not dataset_has_logprobs(tmp_path)
+    assert "logprobs" not in table_schema(tmp_path, "tokens").names
 
 
 def test_extra_columns_ignored(ds_dir):
@@ -224,7 +223,7 @@ def test_empty_directory_is_an_empty_table(ds_dir):
     out = read_table(ds_dir, "tokens")
     assert out.num_rows == 0 and out.schema == TOKENS_SCHEMA
     assert list(iter_table_batches(ds_dir, "tokens")) == []
-    assert not dataset_has_logprobs(ds_dir)
+    assert "logprobs" not in table_schema(ds_dir, "tokens").names
 
 
 def test_subdirectory_in_table_directory(ds_dir):
@@ -649,9 +648,9 @@ def test_atomic_output_parts_and_streaming(tmp_path):
     rows = _rows_table(30)
     with AtomicOutput(out) as o:
         paths = [o.write_part("rows", rows.slice(i, 10)) for i in (0, 10, 20)]
-        with o.part_writer("report", REPORT_SCHEMA) as w:
+        with RowGroupWriter(o.reserve_file("report"), REPORT_SCHEMA) as w:
             for i in range(0, 30, 7):
-                w.write(_report_table(30).slice(i, 7).to_batches()[0])
+                w.write(_report_table(30).slice(i, 7))
     assert [p.name for p in paths] == [f"part-{i:08d}.parquet" for i in range(3)]
     assert _entries(out) == ["report.parquet", "rows"]
     assert _entries(out / "rows") == [p.name for p in paths]
@@ -718,7 +717,7 @@ def test_exception_leaves_nothing_and_keeps_previous_outputs(tmp_path):
         with pytest.raises(type(exc)):
             with AtomicOutput(out) as o:
                 o.write_table("rows", _rows_table(7))
-                w = o.part_writer("report", REPORT_SCHEMA)
+                w = RowGroupWriter(o.reserve_file("report"), REPORT_SCHEMA)
                 w.write(_report_table(7))
                 raise exc
         assert _entries(out) == ["keep.txt", "report.parquet", "rows.parquet"]
@@ -824,13 +823,20 @@ def test_stale_temp_dir_without_lock_file_cleaned_by_age(tmp_path):
     assert young.exists() and not old.exists()
 
 
-def test_part_writer_standalone(tmp_path):
+def test_row_group_writer_closes_once_and_discards_on_error(tmp_path):
     rows = _rows_table(10, with_logprobs=False)
-    with PartWriter(tmp_path / "x.parquet", rows.schema) as w:
+    with RowGroupWriter(tmp_path / "x.parquet", rows.schema) as w:
         w.write(rows.slice(0, 4))
         w.write(rows.slice(4).select(list(reversed(rows.column_names))))  # by name
         w.write(rows.slice(0, 0))
-    assert w.rows == 10 and pq.read_table(tmp_path / "x.parquet").equals(rows)
+    w.close()  # idempotent
+    assert pq.read_table(tmp_path / "x.parquet").equals(rows)
+    with pytest.raises(RuntimeError):
+        with RowGroupWriter(tmp_path / "y.parquet", rows.schema) as w:
+            w.write(rows)
+            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError):  # the writer is closed: no more rows
+        w.write(rows)
 
 
 def test_output_loads_with_hugging_face_datasets(tmp_path):

@@ -531,8 +531,3 @@ def read_dataset(dataset_dir: str | os.PathLike) -> Dataset:
               for n, p in plans.items()}
     return Dataset(tables["ledger"], tables["tokens"], tables["rollouts"],
                    {n: list(p.files) for n, p in plans.items()})
-
-
-def dataset_has_logprobs(dataset_dir: str | os.PathLike) -> bool:
-    """True iff the dataset's tokens table has the logprobs column (footers only)."""
-    return "logprobs" in table_schema(dataset_dir, "tokens").names

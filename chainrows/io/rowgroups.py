@@ -43,6 +43,9 @@ class RowGroupWriter:
         self.rows_written = 0
 
     def write(self, table: pa.Table) -> None:
+        """Append rows (columns matched to the schema by name)."""
+        if self._writer is None:
+            raise RuntimeError("RowGroupWriter is closed")
         table = table.select(self.schema.names)
         units = _units(table, self.unit_column)
         start = 0

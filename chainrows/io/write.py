@@ -88,68 +88,6 @@ def write_dataset_atomic(dataset_dir: str | os.PathLike, ledger: pa.Table, token
     return root
 
 
-class PartWriter:
-    """Streams tables / record batches into one Parquet file with a fixed schema.
-
-    Small inputs are buffered up to ROW_GROUP_BYTES so row groups are not tiny. Inputs are
-    cast to ``schema``; one too large for 32-bit offsets is split until it fits.
-    """
-
-    def __init__(self, path: str | os.PathLike, schema: pa.Schema, **options):
-        self.path = Path(path)
-        self.schema = schema
-        self._writer = pq.ParquetWriter(self.path, schema, **{**WRITE_OPTIONS, **options})
-        self._buffer: list[pa.Table] = []
-        self._buffered = 0
-        self.rows = 0
-        self.closed = False
-
-    def write(self, data: pa.Table | pa.RecordBatch) -> None:
-        """Append rows (a Table or RecordBatch whose columns match ``schema`` by name)."""
-        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
-        if table.num_rows == 0:
-            return
-        self._buffer.append(table.select(self.schema.names))
-        self._buffered += table.nbytes
-        self.rows += table.num_rows
-        if self._buffered >= ROW_GROUP_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        """Write buffered rows as row group(s)."""
-        if self._buffer:
-            table = pa.concat_tables(self._buffer, promote_options="permissive")
-            self._buffer, self._buffered = [], 0
-            self._write_fitting(table)
-
-    def _write_fitting(self, table: pa.Table) -> None:
-        try:
-            cast = table.cast(self.schema)
-        except (pa.ArrowInvalid, pa.ArrowCapacityError):
-            if table.num_rows < 2:
-                raise
-            half = table.num_rows // 2
-            self._write_fitting(table.slice(0, half))
-            self._write_fitting(table.slice(half))
-            return
-        self._writer.write_table(cast, row_group_size=row_group_rows(cast))
-
-    def close(self) -> None:
-        """Flush and close the file (idempotent)."""
-        if not self.closed:
-            self.closed = True
-            try:
-                self.flush()
-            finally:
-                self._writer.close()
-
-    def __enter__(self) -> "PartWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 # ----------------------------------------------------------------------------- atomic output
 
 class AtomicOutput:
@@ -157,7 +95,7 @@ class AtomicOutput:
     into ``out_dir`` atomically on success, or discarding them on any exception.
 
     Each name is written in exactly one form: a single file ``<name>.parquet``
-    (:meth:`write_table` or one :meth:`part_writer`) or a directory ``<name>/`` of part files
+    (:meth:`write_table`, or a writer of the caller's own on :meth:`reserve_file`) or a directory ``<name>/`` of part files
     (:meth:`write_part` / :meth:`reserve_part`). Every name must be written before commit
     (write an empty table for an empty output). Committing replaces both forms of every name
     in ``out_dir``; other entries of ``out_dir`` are never touched.
@@ -172,7 +110,6 @@ class AtomicOutput:
         self._lock_fd: int | None = None
         self._modes: dict[str, str] = {}
         self._parts: dict[str, int] = {}
-        self._writers: list[PartWriter] = []
         self._mutex = threading.Lock()
         self.committed = False
 
@@ -196,11 +133,6 @@ class AtomicOutput:
 
     def abort(self) -> None:
         """Discard everything staged (idempotent); outputs already in out_dir stay."""
-        for w in self._writers:
-            try:
-                w.close()
-            except Exception:
-                pass
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
             self.tmp_dir = None
@@ -209,8 +141,6 @@ class AtomicOutput:
     def commit(self) -> None:
         """Move the staged outputs into out_dir (report last). Called by ``__exit__``."""
         tmp = self._require_open()
-        for w in self._writers:
-            w.close()
         missing = [n for n in self.names if n not in self._modes]
         if missing:
             raise RuntimeError(f"AtomicOutput: output(s) {missing} were never written")
@@ -251,13 +181,6 @@ class AtomicOutput:
         """Path of the single file ``<name>.parquet`` in the temp dir, for callers that write
         it themselves (it must be complete and closed before the ``with`` block ends)."""
         return self._claim(name, "file")
-
-    def part_writer(self, name: str, schema: pa.Schema, **options) -> PartWriter:
-        """A :class:`PartWriter` streaming into the single file ``<name>.parquet``.
-        Closed automatically at commit/abort if the caller did not close it."""
-        writer = PartWriter(self._claim(name, "file"), schema, **options)
-        self._writers.append(writer)
-        return writer
 
     def reserve_part(self, name: str) -> Path:
         """Path of the next part file ``<name>/part-NNNNNNNN.parquet`` (thread-safe), for
