@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Result", "reassemble", "__version__"]
+__all__ = ["Result", "batches", "reassemble", "__version__"]
 
 
 def __getattr__(name):
@@ -11,4 +11,8 @@ def __getattr__(name):
         from chainrows import api
 
         return getattr(api, name)
+    if name == "batches":  # padded numpy batches for trainers (numpy + pyarrow, no numba)
+        import importlib
+
+        return importlib.import_module("chainrows.batches")
     raise AttributeError(f"module 'chainrows' has no attribute {name!r}")
