@@ -210,3 +210,41 @@ class StartUp:
     for _f in (track_cold_compile, track_cold_compile_cpu, track_cached_start, track_cached_start_cpu):
         _f.unit = "seconds"
     del _f
+
+
+class BulkShapes:
+    """The CLI's runner (``chainrows.bulk.run``, default settings) on user-shaped data
+    (``asv_benchmarks.shapes``: capture order, token rows shuffled, many short calls; random
+    hex ids, multi-chunk columns, logprobs), against the pyarrow floor: read the three tables,
+    write the same rows and report (zstd level 1, no dictionary). ``python -m
+    asv_benchmarks.bulk_shapes`` runs the same at gigabytes, in fresh processes."""
+
+    params = [["capture", "shuffled", "short"], [0.05]]
+    param_names = ["shape", "gb"]
+    timeout = 900
+    repeat = (1, 3, 60.0)
+    warmup_time = 0.0
+
+    def setup(self, shape, gb):
+        from asv_benchmarks.bulk_shapes import dataset
+        from chainrows import bulk
+
+        self.run = bulk.run
+        self.src = dataset(shape, gb)
+        self.out = Path(tempfile.mkdtemp(prefix="chainrows-asv-bulk-"))
+        self.run(self.src, self.out / "cli", progress=False)  # warm; also the tables to write
+        self.rows = pq.read_table(self.out / "cli" / "rows.parquet")
+        self.report = pq.read_table(self.out / "cli" / "report.parquet")
+
+    def teardown(self, shape, gb):
+        shutil.rmtree(self.out, ignore_errors=True)
+
+    def time_chainrows_cli_path(self, shape, gb):
+        self.run(self.src, self.out / "cli", progress=False)
+
+    def time_pyarrow_floor(self, shape, gb):
+        for name in ("ledger", "tokens", "rollouts"):
+            pq.read_table(self.src / name)
+        for name, table in (("rows", self.rows), ("report", self.report)):
+            pq.write_table(table, self.out / f"{name}_floor.parquet", compression="zstd",
+                           compression_level=1, use_dictionary=False)

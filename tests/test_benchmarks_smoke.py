@@ -45,7 +45,7 @@ def test_asv_config_points_at_this_suite():
     assert (ROOT / conf["benchmark_dir"] / "__init__.py").exists()
 
 
-STAGE_CLASSES = ["Join", "Decide", "Gather", "Advantages", "ParquetToParquet", "Xxh3"]
+STAGE_CLASSES = ["Join", "Decide", "Gather", "Advantages", "ParquetToParquet", "Xxh3", "BulkShapes"]
 
 
 def test_every_stage_has_a_benchmark():
@@ -60,7 +60,7 @@ def test_stage_benchmark_runs(cls_name):
     # every combination of the non-size parameters, at the tiny size
     params = cls.params
     names = list(cls.param_names)
-    grids = [[TINY] if n == "rollouts" else list(p) for n, p in zip(names, params)]
+    grids = [[TINY] if n == "rollouts" else [0.002] if n == "gb" else list(p) for n, p in zip(names, params)]
     for combo in itertools.product(*grids):
         bench = cls()
         bench.setup(*combo)
@@ -118,3 +118,31 @@ def test_side_by_side_runs_as_a_module():
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "--big-gb" in p.stdout and "--quick" in p.stdout
+
+
+def test_shaped_datasets_have_the_shapes_they_claim(tmp_path):
+    """capture: each group's rows close together; shuffled: token rows spread; every shape has
+    multi-chunk columns and logprobs; and chainrows decides them as the reference does."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    import chainrows
+    from asv_benchmarks.shapes import write_shaped_dataset
+    from chainrows.io.dataset import read_dataset
+
+    for shape in ("capture", "shuffled", "short"):
+        src = write_shaped_dataset(tmp_path / shape, shape, 2_000_000, seed=1)
+        ds = read_dataset(src)
+        assert ds.tokens["tokens"].num_chunks > 1 and "logprobs" in ds.tokens.column_names
+        rid = ds.tokens["rollout_id"].to_pylist()
+        first = {}
+        for i, r in enumerate(rid):
+            first.setdefault(r, i)
+        span = np.mean([i - first[r] for i, r in enumerate(rid)])
+        assert (span > len(rid) / 10) == (shape == "shuffled"), (shape, span)
+        res = chainrows.reassemble(src)
+        ids = set()
+        for name in ("ledger", "tokens", "rollouts"):
+            ids |= set(pq.read_table(src / name, columns=["rollout_id"])["rollout_id"].to_pylist())
+        assert res.report.num_rows == len(ids)
+        assert res.rows.num_rows > 0

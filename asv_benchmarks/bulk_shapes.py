@@ -1,0 +1,151 @@
+"""The command line on user-shaped data, against the pyarrow floor, in one run.
+
+For each shape of ``asv_benchmarks.shapes`` (capture order, token rows shuffled, many short
+calls) at ``--gb`` of token + logprob bytes:
+
+- CLI: ``chainrows reassemble DATA OUT`` at default settings in a fresh process (warm kernel
+  cache), against a fresh process that reads the three tables with pyarrow and writes the same
+  rows and report tables (same codec, no dictionary). Two ratios: the CLI's process wall over
+  the floor's timed read + write (interpreter start and imports not counted), and over the
+  floor's whole process wall. Runs are interleaved, best of ``--repeats``; peak RSS is each
+  process's own VmHWM.
+- API (``--api``): ``chainrows.reassemble`` on the dataset's tables in memory (as the reader
+  gives them: multi-chunk columns), build_batch included, on 1 thread and on all threads,
+  against one ``np.copyto`` of all output list bytes (input_ids + loss_mask + logprobs).
+
+    python -m asv_benchmarks.bulk_shapes --gb 2.1 --shapes capture,shuffled --api
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from asv_benchmarks import common
+from asv_benchmarks.shapes import SHAPES, write_shaped_dataset
+
+_FLOOR = r"""
+import json, sys, time
+import pyarrow.parquet as pq
+src, outs, dst = sys.argv[1], sys.argv[2], sys.argv[3]
+t0 = time.perf_counter()
+for name in ("ledger", "tokens", "rollouts"):
+    pq.read_table(f"{src}/{name}")
+t1 = time.perf_counter()
+for name in ("rows", "report"):
+    table = pq.read_table(f"{outs}/{name}.parquet")  # untimed: the tables to write
+    t = time.perf_counter()
+    pq.write_table(table, f"{dst}/{name}.parquet", compression="zstd", compression_level=1,
+                   use_dictionary=False)
+    t1 += time.perf_counter() - t
+    del table
+peak = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"seconds": t1 - t0, "peak": int(peak) * 1024}))
+"""
+
+
+def dataset(shape: str, gb: float, seed: int = 0) -> Path:
+    """The shaped dataset, written once under the benchmark cache."""
+    path = common.cache_root() / f"shape-{shape}-{gb:g}gb-s{seed}-{common._synth_version()}"
+    if not (path / "tokens").exists():
+        write_shaped_dataset(path, shape, int(gb * 1e9), seed)
+    return path
+
+
+def _cli(src: Path, out: Path, extra=()) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-c", "import sys; from chainrows.cli import main; sys.exit(main())",
+           "reassemble", str(src), str(out), "--no-progress", *extra]
+    t0 = time.perf_counter()
+    p = subprocess.run(["/usr/bin/env", *cmd], capture_output=True, text=True, env=common.probe_env())
+    seconds = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr.strip()[-400:])
+    fields = dict(line.split(None, 1) for line in p.stdout.splitlines() if line and not line.startswith(" "))
+    return {"seconds": seconds, "path": fields.get("path", "?").strip(),
+            "peak": fields.get("peak", "?").replace("memory", "").strip()}
+
+
+def _floor(src: Path, outs: Path, dst: Path) -> dict:
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", _FLOOR, str(src), str(outs), str(dst)], capture_output=True,
+                       text=True, env=common.probe_env())
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr.strip()[-400:])
+    info = json.loads(p.stdout.strip().splitlines()[-1])
+    info["wall"] = wall
+    return info
+
+
+def api_vs_copy(src: Path, repeats: int) -> str:
+    """One line: the API on 1 and on all threads against one copy of the output list bytes."""
+    import numba
+    import numpy as np
+
+    import chainrows
+    from chainrows.io.dataset import read_dataset
+
+    ds = read_dataset(src)
+    tables = (ds.ledger, ds.tokens, ds.rollouts)
+    chunks = ds.tokens["tokens"].num_chunks
+    result = chainrows.reassemble(*tables)  # warm
+    out_bytes = sum(result.rows[c].combine_chunks().values.nbytes
+                    for c in ("input_ids", "loss_mask", "logprobs") if c in result.rows.column_names)
+    del result
+    src_buf = np.ones(out_bytes, dtype=np.uint8)
+    dst_buf = np.empty_like(src_buf)
+    copy = common.best_of(lambda: np.copyto(dst_buf, src_buf), repeats)[0]
+    del src_buf, dst_buf
+    threads = numba.get_num_threads()
+    times = {}
+    for n in (1, threads):
+        numba.set_num_threads(n)
+        times[n] = common.best_of(lambda: chainrows.reassemble(*tables), repeats)[0]
+    numba.set_num_threads(threads)
+    return (f"  API, {chunks} token chunks, {out_bytes / 1e9:.2f} GB of output lists: 1 thread "
+            f"{times[1]:.2f} s = {times[1] / copy:.1f}x one copy ({copy:.3f} s); {threads} threads "
+            f"{times[threads]:.2f} s, speed-up {times[1] / times[threads]:.2f}x")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.bulk_shapes", description=__doc__.splitlines()[0])
+    ap.add_argument("--gb", type=float, default=2.1)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--work", default=None, help="where outputs go (default: the benchmark cache)")
+    ap.add_argument("--api", action="store_true", help="also the API against the copy floor")
+    a = ap.parse_args(argv)
+    work = Path(a.work) if a.work else common.cache_root() / "bulk-shapes-out"
+    print(f"chainrows CLI vs pyarrow floor, {a.gb:g} GB of token+logprob bytes, best of {a.repeats}, "
+          f"{os.cpu_count()} CPUs (a shared machine: read the ratios)")
+    for shape in [s.strip() for s in a.shapes.split(",") if s.strip()]:
+        src = dataset(shape, a.gb)
+        disk = sum(p.stat().st_size for p in src.rglob("*.parquet"))
+        cli = [_cli(src, work / "cli")]  # also the output the floor writes
+        floor = []
+        for _ in range(a.repeats):
+            floor.append(_floor(src, work / "cli", work / "floor"))
+            if len(cli) < a.repeats:
+                cli.append(_cli(src, work / "cli"))
+        c = min(cli, key=lambda r: r["seconds"])
+        f = min(floor, key=lambda r: r["seconds"])
+        print(f"{shape:<9} {disk / 1e9:5.2f} GB on disk | chainrows reassemble {c['seconds']:6.1f} s "
+              f"(process, {c['path']}; peak {c['peak']}) | floor {f['seconds']:6.1f} s (read + write; "
+              f"process {f['wall']:.1f} s, peak {f['peak'] / 2**30:.2f} GiB) | ratio {c['seconds'] / f['seconds']:.2f}x "
+              f"(process walls {c['seconds'] / f['wall']:.2f}x)", flush=True)
+        if a.api:
+            print(api_vs_copy(src, a.repeats), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

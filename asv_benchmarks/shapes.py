@@ -1,0 +1,143 @@
+"""Datasets shaped like what users bring, not like ``chainrows synth``'s own files.
+
+``write_shaped_dataset(out, shape, target_bytes, seed)`` builds a SPEC §2 dataset from synthetic
+rollouts, then reshapes it the way historical dumps look:
+
+- random hexadecimal rollout and group ids (capture order is not id order, so every output
+  sort and merge does real work);
+- rows in **capture order**: the rollouts of a GRPO group run side by side (their ledger rows
+  interleave call by call), a call's token row lands within a few rows of its ledger row, a
+  rollouts row follows its group's last call;
+- small row groups and several part files per table, so pyarrow reads multi-chunk columns;
+- logprobs on every token.
+
+Shapes (``SHAPES``): ``capture`` (long calls, ~1,700 tokens each, as in a coding agent),
+``shuffled`` (the same, token rows permuted over the whole table), ``short`` (many short calls,
+~60 tokens each, so per-call costs dominate).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+SHAPES = {
+    "capture": dict(mean_calls=7, mean_gen_tokens=450, mean_obs_tokens=1200, prompt_tokens=3000,
+                    shuffle_tokens=False),
+    "shuffled": dict(mean_calls=7, mean_gen_tokens=450, mean_obs_tokens=1200, prompt_tokens=3000,
+                     shuffle_tokens=True),
+    "short": dict(mean_calls=40, mean_gen_tokens=30, mean_obs_tokens=30, prompt_tokens=300,
+                  shuffle_tokens=False),
+}
+CHUNK_ROLLOUTS = 1024
+GROUP_ROWS = {"ledger": 16384, "tokens": 2048, "rollouts": 4096}
+FILES_PER_TABLE = 4
+
+
+def _hex_ids(rng: np.random.Generator, n: int) -> pa.Array:
+    raw = rng.integers(0, 2**63 - 1, size=(n, 2), dtype=np.int64)
+    return pa.array([f"{a:016x}{b:016x}" for a, b in raw], pa.string())
+
+
+def _renamed(table: pa.Table, column: str, old: pa.Array, new: pa.Array) -> pa.Table:
+    i = table.column_names.index(column)
+    col = table.column(i)
+    idx = pc.index_in(col, value_set=old)
+    return table.set_column(i, column, pc.if_else(pc.is_null(col), col, pc.take(new, idx)).cast(col.type))
+
+
+def _capture_order(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table, rng):
+    """Rows reordered as a harness running each group's rollouts side by side writes them."""
+    rid = ledger["rollout_id"].combine_chunks()
+    codes = pc.dictionary_encode(rid).indices.to_numpy()
+    by_rollout = np.argsort(codes, kind="stable")
+    sorted_codes = codes[by_rollout]
+    first = np.r_[True, sorted_codes[1:] != sorted_codes[:-1]]
+    run_start = np.maximum.accumulate(np.where(first, np.arange(len(codes)), 0))
+    ordinal = np.empty(len(codes), dtype=np.int64)
+    ordinal[by_rollout] = np.arange(len(codes)) - run_start  # capture index within the rollout
+    group_of = dict(zip(rollouts["rollout_id"].to_pylist(), rollouts["group_id"].to_pylist()))
+    gnames = np.array([group_of.get(r) or r for r in pc.dictionary_encode(rid).dictionary.to_pylist()],
+                      dtype=object)
+    _, gcode = np.unique(gnames, return_inverse=True)
+    order = np.lexsort((codes, ordinal, gcode[codes]))
+    ledger = ledger.take(pa.array(order))
+    # token rows: ledger order, each moved by a few rows
+    key = pc.binary_join_element_wise(tokens["rollout_id"], tokens["call_id"], "\x00")
+    lkey = pc.binary_join_element_wise(ledger["rollout_id"], ledger["call_id"], "\x00")
+    pos = pc.index_in(key, value_set=lkey).to_numpy(zero_copy_only=False)
+    pos = np.where(np.isnan(pos.astype(float)), len(lkey), pos).astype(np.float64)
+    tokens = tokens.take(pa.array(np.argsort(pos + rng.uniform(0, 6, len(pos)), kind="stable")))
+    rgroup = np.array([g or r for g, r in zip(rollouts["group_id"].to_pylist(),
+                                               rollouts["rollout_id"].to_pylist())], dtype=object)
+    _, rg = np.unique(rgroup, return_inverse=True)
+    rollouts = rollouts.take(pa.array(np.argsort(rg, kind="stable")))
+    return ledger, tokens, rollouts
+
+
+def shaped_tables(shape: str, target_bytes: int, seed: int = 0):
+    """(ledger, tokens, rollouts) Arrow tables of about ``target_bytes`` of token+logprob values."""
+    from chainrows.synth import synth_tables
+
+    params = dict(SHAPES[shape])
+    shuffle = params.pop("shuffle_tokens")
+    rng = np.random.default_rng(seed)
+    parts, got, k = [], 0, 0
+    while got < target_bytes:
+        ledger, tokens, rollouts = synth_tables(CHUNK_ROLLOUTS, seed * 100_003 + k, **params)
+        old = pc.unique(pa.concat_arrays([c.cast(pa.string()) for c in
+                                          (ledger["rollout_id"].combine_chunks(),
+                                           tokens["rollout_id"].combine_chunks(),
+                                           rollouts["rollout_id"].combine_chunks())]))
+        new = _hex_ids(rng, len(old))
+        gold = pc.unique(rollouts["group_id"].combine_chunks().drop_null())
+        gnew = _hex_ids(rng, len(gold))
+        ledger, tokens = _renamed(ledger, "rollout_id", old, new), _renamed(tokens, "rollout_id", old, new)
+        rollouts = _renamed(_renamed(rollouts, "rollout_id", old, new), "group_id", gold, gnew)
+        parts.append(_capture_order(ledger, tokens, rollouts, rng))
+        got += 8 * int(pc.sum(pc.list_value_length(tokens["tokens"])).as_py() or 0)
+        k += 1
+    tables = [pa.concat_tables([p[i] for p in parts]) for i in range(3)]
+    if shuffle:
+        tables[1] = tables[1].take(pa.array(rng.permutation(tables[1].num_rows)))
+    return tuple(tables)
+
+
+def write_shaped_dataset(out, shape: str, target_bytes: int, seed: int = 0) -> Path:
+    """Write a shaped dataset to ``out`` (replaced): each table a directory of part files."""
+    from chainrows.io.write import WRITE_OPTIONS
+
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name, table in zip(("ledger", "tokens", "rollouts"), shaped_tables(shape, target_bytes, seed)):
+        (tmp / name).mkdir(parents=True)
+        step = -(-table.num_rows // FILES_PER_TABLE) or 1
+        for f in range(FILES_PER_TABLE):
+            pq.write_table(table.slice(f * step, step), tmp / name / f"part-{f}.parquet",
+                           row_group_size=GROUP_ROWS[name], compression=WRITE_OPTIONS["compression"],
+                           compression_level=WRITE_OPTIONS["compression_level"])
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+    import time
+
+    ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.shapes", description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="capture")
+    ap.add_argument("--gb", type=float, default=2.0, help="token + logprob bytes, in GB")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    path = write_shaped_dataset(a.out, a.shape, int(a.gb * 1e9), a.seed)
+    size = sum(p.stat().st_size for p in path.rglob("*.parquet"))
+    print(f"wrote {path} ({a.shape}, {size / 1e9:.2f} GB on disk) in {time.perf_counter() - t0:.0f} s")
