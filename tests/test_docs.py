@@ -164,3 +164,15 @@ def test_python_dash_m_chainrows():
     bad = subprocess.run([sys.executable, "-m", "chainrows", "no-such-command"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
+
+
+def test_integrity_error_column_is_ignored_as_format_md_says(tmp_path):
+    """format.md says this version ignores ledger.integrity_error; when it is read, update the doc."""
+    run_block(marked_blocks(DOCS / "format.md")["write-dataset"], tmp_path)
+    data = tmp_path / "my-dataset"
+    ledger = pq.read_table(data / "ledger.parquet")
+    flagged = pa.array([None, None, None, None, "digest differs"], pa.string())
+    pq.write_table(ledger.append_column("integrity_error", flagged), data / "ledger.parquet")
+    _, report = chainrows.reassemble(str(data))
+    assert report.column("status").to_pylist() == ["ok", "ok"]
+    assert "does **not** read it" in (DOCS / "format.md").read_text(encoding="utf-8")
