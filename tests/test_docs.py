@@ -176,3 +176,13 @@ def test_integrity_error_column_is_ignored_as_format_md_says(tmp_path):
     _, report = chainrows.reassemble(str(data))
     assert report.column("status").to_pylist() == ["ok", "ok"]
     assert "does **not** read it" in (DOCS / "format.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("doc", ["format.md", "reasons.md", "trainers.md"])
+def test_relative_links_resolve(doc):
+    text = (DOCS / doc).read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [l for l in links if "://" not in l]
+    assert local, doc
+    for link in local:
+        assert (DOCS / link).exists(), (doc, link)
