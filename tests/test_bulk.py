@@ -200,12 +200,15 @@ def test_window_plan_decides_each_group_once_all_its_rows_are_read(dataset, shuf
     assert mixed.decided[-1] > 0.9 * mixed.decided.sum()  # shuffled: nearly all at the end
 
 
-def test_route_choice_follows_the_input_order(dataset, shuffled):
+def test_route_choice_follows_the_input_order(dataset, shuffled, monkeypatch):
     total = sum(planner.input_bytes(dataset).values())
     assert bulk.choose_route(dataset, total, 1 << 40, True).path == "memory"
     room = int(total * planner.MEMORY_FACTOR / planner.SHARE / 3)  # about a third fits
+    monkeypatch.setattr(planner, "STREAM_MIN_ROOM", 0)  # the data is small; the rule is the point
     assert bulk.choose_route(dataset, total, room, True).path == "stream"
     assert bulk.choose_route(shuffled, total, room, True).path == "spill"
+    monkeypatch.setattr(planner, "STREAM_MIN_ROOM", room + 1)  # a tight budget always spills
+    assert bulk.choose_route(dataset, total, room, True).path == "spill"
 
 
 # ----------------------------------------------------------------------------- larger than memory
@@ -241,7 +244,8 @@ def test_larger_than_memory_stays_under_budget(tmp_path):
     """A dataset 4x the memory budget runs in batches with peak RSS under the budget.
 
     ``chainrows reassemble DATA OUT --memory-budget 512MiB`` on 2.2 GB (uncompressed) of
-    synthetic data in capture order: about 2 minutes and up to 6 GB of temporary disk.
+    synthetic data: a tight budget takes the spill path; about 3 minutes and up to 6 GB of
+    temporary disk.
     (Byte-identity with an in-memory run is tested on small data above.)
     """
     data = tmp_path / "big"

@@ -124,9 +124,13 @@ class _nothing:
 
 def choose_route(dataset_dir, total: int, room: int, has_lp: bool) -> Route:
     """In memory when its estimated peak fits; else streaming windows when a plan with at most
-    MAX_STEPS steps fits (reading the id columns once to know); else spill buckets."""
+    MAX_STEPS steps fits (reading the id columns once to know) and the room is at least
+    STREAM_MIN_ROOM; else spill buckets."""
     if planner.fits_in_memory(total, room):
         return Route("memory", 1, "fits in memory")
+    if room < planner.STREAM_MIN_ROOM:
+        return Route("spill", planner.spill_buckets(total, room),
+                     "a tight budget: partitioned, whatever the read order")
     sc = scan(dataset_dir, has_lp)
     steps = planner.first_steps(sc.total_bytes, room)
     while steps <= planner.MAX_STEPS:

@@ -29,7 +29,8 @@ MEMORY_FACTOR = 4.0      # in-memory run: peak over the input's uncompressed byt
 SHARE = 0.75             # of the room above the baseline, what the planned peak may use
 SPILL_PEAK_FACTOR = 6.0  # spill bucket: peak over its input, allocator retention included
 BUCKET_SHARE = 0.6
-MAX_STEPS = 4096
+MAX_STEPS = 64
+STREAM_MIN_ROOM = 1 << 30  # below this room, spill: its factors are measured down to 384 MiB budgets
 
 
 @dataclass(frozen=True)
