@@ -41,6 +41,14 @@ class Progress:
                               f"{now - self.start:6.1f} s")
             self.stream.flush()
 
+    @staticmethod
+    def say(text: str, *, enabled: bool | None = None, stream=None) -> None:
+        """One line on stderr, under the same rule as the bars (a terminal, unless forced)."""
+        stream = stream or sys.stderr
+        if stream.isatty() if enabled is None else enabled:
+            stream.write(f"{text}\n")
+            stream.flush()
+
     def close(self) -> None:
         if self.enabled:
             self.stream.write("\n")

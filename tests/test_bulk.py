@@ -270,3 +270,13 @@ def _distinct_rollout_ids(data):
     for name in ("ledger", "tokens", "rollouts"):
         ids |= set(pq.read_table(data / f"{name}.parquet", columns=["rollout_id"])["rollout_id"].unique().to_pylist())
     return len(ids)
+
+
+@pytest.mark.parametrize("route", [MEMORY, stream(3), spill(2)], ids=lambda r: r.path)
+def test_progress_and_summary_say_which_path_and_why(dataset, tmp_path, capsys, route):
+    summary = bulk.run(dataset, tmp_path / "out", route=route, progress=True)
+    err = capsys.readouterr().err
+    assert f"path: {route.path}, {route.batches} batch" in err and "(test)" in err
+    assert f"path                        {route.path}, {route.batches} batch" in summary.format()
+    bars = {"memory": "reassemble", "stream": "stream", "spill": "partition"}
+    assert bars[route.path] in err and "100.0%" in err

@@ -82,6 +82,7 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
         route = Route("stream", route.batches, route.why, plan_windows(scan(dataset_dir, has_lp), route.batches))
     summary = Summary(input_bytes=total, path=route.path, why=route.why, batches=route.batches,
                       compile_seconds=footprint.compile_seconds)
+    Progress.say(f"path: {summary.path_text()}", enabled=progress)
     decide = lambda ledger, tokens, rollouts: reassemble(ledger, tokens, rollouts, options)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
     schemas = {"rows": rows_schema(has_lp), "report": REPORT_SCHEMA}

@@ -79,6 +79,11 @@ class Summary:
         d = dict(d)
         return cls(reasons=Counter(d.pop("reasons", {})), **d)
 
+    def path_text(self) -> str:
+        """``stream, 10 batches (groups complete in read order)``: the path, its batches, why."""
+        plural = "es" if self.batches != 1 else ""
+        return f"{self.path}, {self.batches:,} batch{plural}" + (f" ({self.why})" if self.why else "")
+
     def format(self) -> str:
         masked = self.rollouts - self.ok
         work = max(self.seconds - self.compile_seconds, 1e-9)
@@ -93,8 +98,7 @@ class Summary:
                   ("  unselected (ok rollouts)", f"{self.unselected_calls:,}"),
                   ("orphan token rows", f"{self.orphan_token_rows:,}"),
                   ("input (uncompressed)", human_bytes(self.input_bytes)),
-                  ("path", f"{self.path}, {self.batches:,} batch{'es' if self.batches != 1 else ''}"
-                           + (f" ({self.why})" if self.why else ""))]
+                  ("path", self.path_text())]
         if self.peak_rss:
             lines.append(("peak memory", human_bytes(self.peak_rss)))
         lines.append(("time", f"{self.seconds:.2f} s" + (f" (of which compiling kernels {self.compile_seconds:.1f} s)"
