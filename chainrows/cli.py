@@ -66,15 +66,17 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("out")
     _reassemble_options(r)
 
+    from chainrows.synth.params import DEFAULTS as synth_defaults  # light: no numpy or pyarrow
+
     s = sub.add_parser("synth", help="write a synthetic SPEC §2 dataset")
     s.add_argument("out")
     s.add_argument("--rollouts", type=_positive, default=1000)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--group-size", type=int, default=4)
-    s.add_argument("--compaction-rate", type=float, default=0.3)
-    s.add_argument("--retry-rate", type=float, default=0.15)
-    s.add_argument("--corrupt-rate", type=float, default=0.05)
-    s.add_argument("--mean-gen-tokens", type=int, default=200)
+    s.add_argument("--group-size", type=int, default=synth_defaults.group_size)
+    s.add_argument("--compaction-rate", type=float, default=synth_defaults.compaction_rate)
+    s.add_argument("--retry-rate", type=float, default=synth_defaults.retry_rate)
+    s.add_argument("--corrupt-rate", type=float, default=synth_defaults.corrupt_rate)
+    s.add_argument("--mean-gen-tokens", type=int, default=synth_defaults.mean_gen_tokens)
     s.add_argument("--no-logprobs", action="store_true")
     s.add_argument("--workers", type=int, default=1, help="generator processes (0: one per core)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing dataset in OUT")
@@ -95,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _reassemble_options(r):
     r.add_argument("--mode", choices=options.MODES, default="cc")
+    r.add_argument("--plan", choices=options.PLANS, default="linear",
+                   help="cc: how accepted calls become rows: linear (one chain per root) or forest "
+                        "(one row per endpoint, shared calls trained once; SPEC §3.1) (default: linear)")
     r.add_argument("--placeholders", action="store_true",
                    help="write one zero-weight placeholder row per masked rollout")
     r.add_argument("--baseline", choices=options.BASELINES, default="mean")
@@ -113,8 +118,12 @@ def _reassemble_options(r):
 
 
 def _options(a) -> options.Options:
-    return options.Options(mode=a.mode, placeholders=a.placeholders, baseline=a.baseline, no_std=a.no_std,
-                   baseline_population=a.baseline_population, row_weight=a.row_weight)
+    try:
+        return options.Options(mode=a.mode, plan=a.plan, placeholders=a.placeholders,
+                               baseline=a.baseline, no_std=a.no_std,
+                               baseline_population=a.baseline_population, row_weight=a.row_weight)
+    except ValueError as exc:  # a combination argparse cannot reject (--plan forest --mode ordinary)
+        _Parser(prog="chainrows").error(str(exc))
 
 
 def _forced_route(a):

@@ -299,7 +299,7 @@ def test_write_synth_dataset(tmp_path):
 
 
 def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
-    real = synth._build_batch
+    real = synth.batches._build_batch
     seen = []
 
     def failing(cfg, first, stop):
@@ -308,7 +308,7 @@ def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(cfg, first, stop)
 
-    monkeypatch.setattr(synth, "_build_batch", failing)
+    monkeypatch.setattr(synth.batches, "_build_batch", failing)
     with pytest.raises(KeyboardInterrupt):
         write_synth_dataset(tmp_path / "ds", 64, 0, batch_rollouts=16)
     assert os.listdir(tmp_path) == []

@@ -1,0 +1,234 @@
+"""The simulated harness: one rollout at a time, a pure function of (seed, rollout index).
+
+Call 1 is a root whose delta is the system + user prompt (carry) followed by the model's
+generation; every later call's delta is the observation since the previous accepted call (carry)
+followed by the generation. Compactions start a new root (system prompt + summary); rejected
+retries are siblings of an accepted call with the same carry. A corrupt rollout is first built
+with the structure its kind needs (``corrupt._needs``), then corrupted (``corrupt._corrupt``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+
+import numpy as np
+import xxhash
+
+from chainrows.synth.calls import _CID, _HASH, _IDS, _KEYS, _PARENT, _RID, _Rollout, _hex, _items
+from chainrows.synth.corrupt import _corrupt, _needs
+from chainrows.synth.params import PARAM_NAMES, SynthParams
+
+
+def _lognormal_len(r: random.Random, mean: float, sigma: float, cap: float) -> int:
+    """A length >= 1, lognormal with the given mean, capped at cap * mean (long tail)."""
+    if mean <= 1:
+        return 1
+    x = r.lognormvariate(math.log(mean) - 0.5 * sigma * sigma, sigma)
+    return max(1, min(int(x + 0.5), int(cap * mean)))
+
+
+class _Cfg:
+    """Validated parameters as the simulator reads them, the system prompt shared by every
+    rollout, a cache of group prompts, and the reused generators (not shared between threads)."""
+
+    def __init__(self, seed: int, params: SynthParams):
+        self.seed = int(seed)
+        self.params = params
+        self.group_size = int(params.group_size)
+        self.compaction_rate = float(params.compaction_rate)
+        self.retry_rate = float(params.retry_rate)
+        self.corrupt_rate = float(params.corrupt_rate)
+        self.logprobs = bool(params.logprobs)
+        self.accepted_rate = float(params.accepted_rate)
+        self.mean_calls = float(params.mean_calls)
+        self.mean_gen = float(params.mean_gen_tokens)
+        self.mean_obs = float(params.mean_obs_tokens)
+        self.prompt_tokens = max(2, int(params.prompt_tokens))
+        self.vocab = int(params.vocab)
+        self.kinds = params.kinds
+        # The system prompt, shared by every rollout (and kept by compactions).
+        self.sys_len = max(1, self.prompt_tokens // 2)
+        rng = _rng(self.seed, 3)
+        self.sys_prompt = rng.integers(0, self.vocab, self.sys_len, dtype=np.int32)
+        self._groups: dict[int, tuple[np.ndarray, float]] = {}
+        self._bitgen = np.random.PCG64(0)
+        self._gen = np.random.Generator(self._bitgen)
+        self._py = random.Random(0)
+
+    def rollout_rngs(self, i: int) -> tuple[np.random.Generator, random.Random]:
+        """The numpy and Python generators of rollout i: counter-based, a pure function of
+        (seed, i). The PCG64 state and the Python seed are XXH3-128 of (seed, i); both objects
+        are reused (a config is not shared between threads)."""
+        h = xxhash.xxh3_128_intdigest(_PACK(self.seed, i))
+        self._bitgen.state = {
+            "bit_generator": "PCG64",
+            "state": {"state": h, "inc": ((h >> 64) * 0x9E3779B97F4A7C15 | 1) & _MASK128},
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        self._py.seed(h)
+        return self._gen, self._py
+
+    def group(self, g: int) -> tuple[np.ndarray, float]:
+        """The group's prompt tokens (system + user) and its success rate."""
+        hit = self._groups.get(g)
+        if hit is None:
+            if len(self._groups) > 4096:
+                self._groups.clear()
+            rng = _rng(self.seed, 1, g)
+            r = random.Random(int(rng.integers(2**63)))
+            user_len = _lognormal_len(r, max(1.0, self.prompt_tokens - self.sys_len), 0.4, 8)
+            user = rng.integers(0, self.vocab, user_len, dtype=np.int32)
+            hit = (np.concatenate([self.sys_prompt, user]), r.betavariate(1.2, 1.2))
+            self._groups[g] = hit
+        return hit
+
+
+_MASK128 = (1 << 128) - 1
+_PACK = struct.Struct("<QQ").pack
+
+
+def _rng(*key: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key[0], spawn_key=key[1:])))
+
+
+def make_cfg(seed, kw: dict) -> _Cfg:
+    """The config of ``seed`` and the SynthParams named in ``kw``: TypeError for an unknown
+    name, ValueError for a seed outside [0, 2**64) or a bad parameter."""
+    unknown = set(kw) - PARAM_NAMES
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+    if not 0 <= int(seed) < 2**64:
+        raise ValueError("seed must be in [0, 2**64)")
+    return _Cfg(seed, SynthParams(**kw))
+
+
+def _simulate(cfg: _Cfg, i: int) -> _Rollout:
+    rng, r = cfg.rollout_rngs(i)
+    kind = r.choice(cfg.kinds) if (cfg.kinds and r.random() < cfg.corrupt_rate) else None
+    need = _needs(kind)
+
+    # ---- structure: accepted calls, compactions, retries
+    p_stop = 1.0 / cfg.mean_calls
+    n_acc = 1
+    while r.random() >= p_stop and n_acc < 400:
+        n_acc += 1
+    n_acc = max(n_acc, need.get("min_acc", 1))
+    compact = set()
+    mode = need.get("compaction")
+    if n_acc >= 2 and mode != "never" and (mode == "force" or r.random() < cfg.compaction_rate):
+        k = 1
+        while r.random() < 0.35 and k < n_acc - 1:
+            k += 1
+        compact = set(r.sample(range(1, n_acc), k))
+        if need.get("link") and len(compact) == n_acc - 1:
+            compact.discard(r.choice(sorted(compact)))
+    retry_mode = need.get("retry")
+    retries = [0] * n_acc
+    if retry_mode != "never":
+        for j in range(n_acc):
+            if r.random() < cfg.retry_rate:
+                retries[j] = 2 if r.random() < 0.1 else 1
+        if retry_mode == "force_nonroot":
+            retries[0] = 0
+            if not any(retries):
+                retries[r.randrange(1, n_acc)] = 1
+
+    # ids: ~15 % of harnesses drop every item id; the others keep ~92 % of them.
+    with_ids = 0.0 if r.random() < 0.15 else 0.92
+
+    # ---- calls in capture order: [retries of j..., j] for each accepted j
+    group_prompt, p_success = cfg.group(i // cfg.group_size)
+    calls = []  # lists indexed by _CID...
+    spans = []  # (start, carry_len, gen_len, kind_of_carry, copy_from) per call, capture order
+    acc = []  # capture positions of the accepted calls, in order
+    pos = 0
+    parent_cid = None
+    parent_full = 0
+    k_call = 0
+    for j in range(n_acc):
+        root = j == 0 or j in compact
+        if j == 0:
+            carry, carry_kind = len(group_prompt), 1
+        elif root:
+            sum_len = _lognormal_len(r, max(1.0, 0.3 * cfg.prompt_tokens), 0.5, 6)
+            carry, carry_kind = cfg.sys_len + sum_len, 2
+        else:
+            carry, carry_kind = _lognormal_len(r, cfg.mean_obs, 1.0, 20), 0
+        parent = None if root else parent_cid
+        prev = 0 if root else parent_full
+        final = j == n_acc - 1
+        first_of_j = len(spans)
+        for t in range(retries[j] + 1):
+            gen = _lognormal_len(r, cfg.mean_gen, 0.9, 16)
+            keys, ids = _items(r, final, with_ids)
+            if with_ids == 0.0 and r.random() < 0.5:
+                ids = None  # a null id list: every id null
+            k_call += 1
+            cid = f"c{k_call:03d}"
+            calls.append([cid, parent, "resp_" + _hex(r), prev, carry + gen, gen, 0, keys, ids, False])
+            spans.append((pos, carry, gen, carry_kind, first_of_j if t else -1))
+            pos += carry + gen
+        acc.append(len(calls) - 1)
+        parent_cid = cid
+        parent_full = prev + carry + gen
+
+    # ---- tokens and logprobs (one draw per rollout), then chain hashes in capture order
+    total = pos
+    tok = rng.integers(0, cfg.vocab, total, dtype=np.int32)
+    gens = sum(s[2] for s in spans)
+    lp = None
+    if cfg.logprobs:
+        lp = np.zeros(total, dtype=np.float32)
+        noise = (-(rng.exponential(0.6, gens) + 1e-4)).astype(np.float32)
+        g0 = 0
+    hashes = {}
+    for c, (start, carry, gen, carry_kind, copy_from) in zip(calls, spans):
+        if copy_from >= 0:  # same request as the first call of its retry group (captured earlier)
+            src = spans[copy_from][0]
+            tok[start : start + carry] = tok[src : src + carry]
+        elif carry_kind == 1:
+            tok[start : start + carry] = group_prompt
+        elif carry_kind == 2:
+            tok[start : start + cfg.sys_len] = cfg.sys_prompt
+        end = start + carry + gen
+        parent = c[_PARENT]
+        h = xxhash.xxh3_64_intdigest(tok[start:end].tobytes(), hashes[parent] if parent is not None else 0)
+        c[_HASH] = h
+        hashes[c[_CID]] = h
+        if lp is not None:
+            lp[start + carry : end] = noise[g0 : g0 + gen]
+            g0 += gen
+    tok_rows = [[c[_CID], s[0], s[0] + s[1] + s[2], s[0], s[0] + s[1] + s[2]] for c, s in zip(calls, spans)]
+
+    # ---- the rollouts row
+    out_keys, out_ids = [], []
+    for a in acc:
+        c = calls[a]
+        out_keys.extend(c[_KEYS])
+        out_ids.extend(c[_IDS] if c[_IDS] is not None else [None] * len(c[_KEYS]))
+    if (r.random() < 0.1 or not any(x is not None for x in out_ids)) and r.random() < 0.5:
+        out_ids = None  # a null output_ids list: every id null
+    term_mode = need.get("terminal")
+    if term_mode == "set" or (term_mode is None and r.random() < 0.85):
+        terminal = calls[acc[-1]][_RID]
+    else:
+        terminal = None
+    acc_mode = need.get("accepted")
+    if acc_mode == "set" or (acc_mode is None and r.random() < cfg.accepted_rate):
+        accepted = [calls[a][_RID] for a in acc]
+    else:
+        accepted = None
+    u = r.random()
+    base = 1.0 if u < p_success else (0.5 if u < p_success + 0.25 * (1 - p_success) else 0.0)
+    reward = base + r.gauss(0.0, 0.02)
+    rid = f"r{i:08d}"
+    ro_rows = [[rid, f"g{i // cfg.group_size}", reward, out_keys, out_ids, terminal, accepted]]
+
+    ro = _Rollout()
+    ro.calls, ro.tok_rows, ro.ro_rows, ro.tok, ro.lp, ro.kind = calls, tok_rows, ro_rows, tok, lp, kind
+    if kind is not None:
+        _corrupt(ro, kind, r, acc, spans, cfg)
+    return ro
