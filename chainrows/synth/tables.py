@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from chainrows.io.arrays import offsets_from_lengths, range_index
 from chainrows.io.schema import ACCEPTED_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, ROLLOUTS_SCHEMA, TOKENS_SCHEMA
 from chainrows.synth.calls import _CID, _DELTA, _FAILED, _GEN, _HASH, _IDS, _KEYS, _PARENT, _PREV, _RID
 from chainrows.synth.harness import _Cfg, _rng, _simulate
@@ -25,11 +26,7 @@ def _list_array(offsets: list[int] | np.ndarray, values: pa.Array, nulls: list[b
 
 def _gather(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate buf[starts[k] : starts[k] + lens[k]] for every k; returns (values, offsets)."""
-    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    total = int(offsets[-1])
-    idx = np.repeat(starts - offsets[:-1], lens) + np.arange(total, dtype=np.int64)
-    return buf[idx], offsets
+    return buf[range_index(starts, lens)], offsets_from_lengths(lens)
 
 
 def _build_batch(cfg: _Cfg, first: int, stop: int) -> tuple[tuple[pa.Table, pa.Table, pa.Table], dict]:
