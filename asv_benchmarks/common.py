@@ -52,15 +52,18 @@ def chainrows_root() -> str:
 
 
 def _synth_version() -> str:
-    """Cache key of the synthetic data: a hash of the synth.py in use, or $CHAINROWS_BENCH_DATA_KEY
-    (set it to benchmark two commits whose synth.py differ on the very same data)."""
+    """Cache key of the synthetic data: a hash of the chainrows.synth package in use (every
+    module of it), or $CHAINROWS_BENCH_DATA_KEY (set it to benchmark two commits whose synth
+    code differs on the very same data)."""
     pinned = os.environ.get("CHAINROWS_BENCH_DATA_KEY")
     if pinned:
         return pinned
     import chainrows.synth as synth
 
     try:
-        data = Path(synth.__file__).read_bytes()
+        root = Path(synth.__file__).parent
+        data = b"".join(f.read_bytes() for f in sorted(root.glob("*.py")))
+        data += (Path(__file__).parent / "shapes.py").read_bytes()
     except OSError:  # pragma: no cover
         import chainrows
 

@@ -36,7 +36,7 @@ from chainrows.io.dataset import TABLES, read_dataset, table_files, table_schema
 from chainrows.io.memory import one_arrow_thread, process_peak_rss
 from chainrows.io.rowgroups import RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
-from chainrows.io.write import AtomicOutput
+from chainrows.io.write import AtomicOutput, write_json_atomic
 from chainrows.options import Options
 from chainrows.progress import Progress
 
@@ -180,9 +180,7 @@ def prepare_work(work: Path, wanted: dict, resume: bool) -> None:
             pass
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(wanted, sort_keys=True))
-    tmp.replace(path)
+    write_json_atomic(path, wanted)
 
 
 def _keep(result: Result, where: Path, stem: str, schemas: dict, batch_bytes: int) -> dict:
@@ -213,9 +211,7 @@ def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, p
 
     def store(k, result):
         record = _keep(result, windows, f"step-{k:05d}", schemas, _run_batch_bytes(room, plan.steps))
-        marker = windows / f"step-{k:05d}.json"
-        marker.with_suffix(".tmp").write_text(json.dumps(record))
-        marker.with_suffix(".tmp").replace(marker)
+        write_json_atomic(windows / f"step-{k:05d}.json", record)
         bar.advance(1)
 
     bar.advance(len(done))

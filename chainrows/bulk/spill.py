@@ -14,6 +14,7 @@ from chainrows.bulk.summary import Summary
 from chainrows.io.dataset import TABLES
 from chainrows.io.memory import release_memory
 from chainrows.io.partition import bucket_dir, partition, read_bucket
+from chainrows.io.write import write_json_atomic
 from chainrows.progress import Progress
 
 FINISHED = "partitioned"
@@ -47,9 +48,7 @@ def reassemble_buckets(spill: Path, buckets: int, reassemble: Callable[..., Resu
             del ledger, tokens, rollouts
             record = keep(b, result, d)
             del result
-            tmp = done.with_name(done.name + ".tmp")
-            tmp.write_text(json.dumps(record))
-            tmp.replace(done)
+            write_json_atomic(done, record)
             for name in TABLES:
                 shutil.rmtree(d / name, ignore_errors=True)
             release_memory()

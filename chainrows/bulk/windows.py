@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.io.arrays import FirstValue
-from chainrows.io.dataset import TABLES, iter_table_batches
+from chainrows.io.dataset import iter_table_batches
 from chainrows.io.partition import string_hashes
 
 LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (order of magnitude)

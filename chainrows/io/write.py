@@ -88,6 +88,18 @@ def write_dataset_atomic(dataset_dir: str | os.PathLike, ledger: pa.Table, token
     return root
 
 
+def write_json_atomic(path: str | os.PathLike, value) -> Path:
+    """Write ``value`` as JSON to ``path`` through a temp file and one rename: a reader sees
+    the old file or the whole new one (a job's manifest and its finished-batch markers)."""
+    import json
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
 # ----------------------------------------------------------------------------- atomic output
 
 class AtomicOutput:
