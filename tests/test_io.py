@@ -849,3 +849,14 @@ def test_output_loads_with_hugging_face_datasets(tmp_path):
     hf = datasets.load_dataset("parquet", data_files=str(out / "rows" / "*.parquet"),
                                split="train")
     assert hf.num_rows == 5 and hf[0]["input_ids"] == [1, 2, 3]
+
+
+def test_abort_removes_only_an_out_dir_it_created_and_left_empty(tmp_path):
+    fresh, existing = tmp_path / "fresh", tmp_path / "existing"
+    existing.mkdir()
+    for out in (fresh, existing):
+        with pytest.raises(RuntimeError):
+            with AtomicOutput(out) as o:
+                o.write_table("rows", _rows_table(2))
+                raise RuntimeError("boom")
+    assert not fresh.exists() and existing.exists() and _entries(existing) == []

@@ -124,9 +124,11 @@ class AtomicOutput:
         self._parts: dict[str, int] = {}
         self._mutex = threading.Lock()
         self.committed = False
+        self._created = False
 
     # -- lifecycle
     def __enter__(self) -> "AtomicOutput":
+        self._created = not self.out_dir.exists()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         clean_stale_temp_dirs(self.out_dir)
         self.tmp_dir, self._lock_fd = _make_locked_temp_dir(self.out_dir)
@@ -149,6 +151,11 @@ class AtomicOutput:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
             self.tmp_dir = None
         self._release()
+        if self._created:  # an out_dir this run made, left empty: remove it
+            try:
+                self.out_dir.rmdir()
+            except OSError:
+                pass
 
     def commit(self) -> None:
         """Move the staged outputs into out_dir (report last). Called by ``__exit__``."""

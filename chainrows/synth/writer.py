@@ -1,16 +1,17 @@
 """The dataset writer: ``ledger.parquet``, ``tokens.parquet`` and ``rollouts.parquet``, streamed
-batch by batch and moved into place whole; and ``python -m chainrows.synth``."""
+batch by batch and committed together (chainrows.io.write.AtomicOutput, the one atomic write of
+the project); and ``python -m chainrows.synth``."""
 
 from __future__ import annotations
 
-import os
-import random
-import shutil
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from chainrows.io.dataset import TABLES
+from chainrows.io.write import AtomicOutput
 from chainrows.synth.batches import _iter
 from chainrows.synth.params import DEFAULT_BATCH_ROLLOUTS, DEFAULTS
 from chainrows.synth.tables import tables_schemas
@@ -29,9 +30,10 @@ def write_synth_dataset(
 ) -> dict:
     """Write ``ledger.parquet``, ``tokens.parquet`` and ``rollouts.parquet`` under ``out_dir``.
 
-    Batches are streamed (one row group per batch and table) into a temporary directory next to
-    ``out_dir``, renamed into place at the end: an interrupted run leaves nothing behind. An
-    existing non-empty ``out_dir`` is an error unless ``overwrite`` (then it is replaced whole).
+    Batches are streamed (one row group per batch and table) into files staged inside
+    ``out_dir`` and committed together at the end: an interrupted run leaves no table behind. An
+    existing non-empty ``out_dir`` is an error unless ``overwrite`` (then its three tables are
+    replaced; other entries stay).
     ``workers``: see ``iter_synth_batches``. Other keyword arguments are the fields of
     :class:`SynthParams`.
     Returns a summary: rollouts, corrupt, calls, tokens, bytes (of the three files), seconds, path.
@@ -42,39 +44,19 @@ def write_synth_dataset(
         raise FileExistsError(f"{out} exists and is not a directory")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty (pass overwrite=True)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.synth-{os.getpid()}-{random.getrandbits(32):08x}"
-    tmp.mkdir()  # not mkdtemp: the dataset gets the usual umask permissions
     summary = {"rollouts": 0, "corrupt": 0, "calls": 0, "tokens": 0}
-    names = ("ledger", "tokens", "rollouts")
-    writers: list = []
-    try:
-        schemas = tables_schemas(kw.get("logprobs", DEFAULTS.logprobs))
-        writers = [pq.ParquetWriter(tmp / f"{n}.parquet", s, compression=compression) for n, s in zip(names, schemas)]
-        for tables, stats in _iter(n_rollouts, seed, batch_rollouts, kw, workers):
-            for w, t in zip(writers, tables):
-                w.write_table(t)
-            for k in summary:
-                summary[k] += stats[k]
-        for w in writers:
-            w.close()
-        writers = []
-        nbytes = sum((tmp / f"{n}.parquet").stat().st_size for n in names)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}-{random.getrandbits(32):08x}"
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        for w in writers:
-            try:
-                w.close()
-            except Exception:
-                pass
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    schemas = tables_schemas(kw.get("logprobs", DEFAULTS.logprobs))
+    with AtomicOutput(out, names=TABLES) as staged:
+        paths = [staged.reserve_file(n) for n in TABLES]
+        with ExitStack() as stack:
+            writers = [stack.enter_context(pq.ParquetWriter(path, schema, compression=compression))
+                       for path, schema in zip(paths, schemas)]
+            for tables, stats in _iter(n_rollouts, seed, batch_rollouts, kw, workers):
+                for w, t in zip(writers, tables):
+                    w.write_table(t)
+                for k in summary:
+                    summary[k] += stats[k]
+        nbytes = sum(path.stat().st_size for path in paths)
     summary.update(bytes=nbytes, seconds=round(time.perf_counter() - t0, 3), path=str(out))
     return summary
 
