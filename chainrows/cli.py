@@ -97,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _reassemble_options(r):
     r.add_argument("--mode", choices=options.MODES, default="cc")
+    r.add_argument("--plan", choices=options.PLANS, default="linear",
+                   help="cc: how accepted calls become rows: linear (one chain per root) or forest "
+                        "(one row per endpoint, shared calls trained once; SPEC §3.1) (default: linear)")
     r.add_argument("--placeholders", action="store_true",
                    help="write one zero-weight placeholder row per masked rollout")
     r.add_argument("--baseline", choices=options.BASELINES, default="mean")
@@ -115,8 +118,12 @@ def _reassemble_options(r):
 
 
 def _options(a) -> options.Options:
-    return options.Options(mode=a.mode, placeholders=a.placeholders, baseline=a.baseline, no_std=a.no_std,
-                   baseline_population=a.baseline_population, row_weight=a.row_weight)
+    try:
+        return options.Options(mode=a.mode, plan=a.plan, placeholders=a.placeholders,
+                               baseline=a.baseline, no_std=a.no_std,
+                               baseline_population=a.baseline_population, row_weight=a.row_weight)
+    except ValueError as exc:  # a combination argparse cannot reject (--plan forest --mode ordinary)
+        _Parser(prog="chainrows").error(str(exc))
 
 
 def _forced_route(a):

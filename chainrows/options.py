@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 MODES = ("cc", "ordinary")
-PLANS = ("linear",)
+PLANS = ("linear", "forest")
 BASELINES = ("mean", "loo")
 POPULATIONS = ("all", "ok")
 ROW_WEIGHTS = ("rollout", "row")
@@ -18,7 +18,9 @@ class Options:
     """How to decide rollouts and weigh rows.
 
     ``mode``: ``cc`` (select the calls of the final output, cut at every root) or ``ordinary``
-    (one chain from the terminal call). ``plan``: how cc cuts the selection into chains.
+    (one chain from the terminal call). ``plan``: how cc cuts the selection into chains:
+    ``linear`` (SPEC §3 step 10) or ``forest`` (§3.1: one chain per endpoint, shared calls
+    trained once); ``forest`` needs ``mode="cc"``.
     ``placeholders``: one zero-weight row per masked rollout. ``baseline``: group ``mean`` or
     leave-one-out (``loo``). ``no_std``: A = r - baseline. ``baseline_population``: ``all``
     rollouts of a group with a finite reward, or only ``ok`` ones. ``row_weight``: ``rollout``
@@ -39,6 +41,8 @@ class Options:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        if self.plan == "forest" and self.mode != "cc":
+            raise ValueError(f"plan 'forest' applies to mode cc only; got mode {self.mode!r}")
         for name in ("placeholders", "no_std"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False; got {getattr(self, name)!r}")

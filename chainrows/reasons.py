@@ -80,6 +80,7 @@ DETAILS = (
     ("hash_mismatch", "recomputed chain hash differs from chain_hash", CALL),
     ("logprob_invalid", "logprob is NaN or infinite", CALL),
     ("logprob_invalid", "logprob is non-zero on a carry token", CALL),
+    ("broken_chain", "parent is not a call selected before it", CALL),  # forest plan, SPEC §3.1 10f
 )
 
 DETAIL_ID = {}
@@ -123,6 +124,7 @@ D_LEN_LOGPROBS = 33
 D_HASH = 34
 D_LOGPROB_NONFINITE = 35
 D_LOGPROB_CARRY = 36
+D_PARENT_NOT_SELECTED_BEFORE = 37
 
 # Reason id of each detail id, for vectorised lookup.
 DETAIL_REASON = tuple(REASON_ID[r] if r else OK for r, _, _ in DETAILS)

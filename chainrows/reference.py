@@ -306,6 +306,54 @@ def cut_10(selection: list) -> list:
 
 
 # --------------------------------------------------------------------------------------------
+# §3.1 the forest plan: 10f, endpoints and their chains, loss ownership
+# --------------------------------------------------------------------------------------------
+
+def check_10f_forest(selection: list) -> None:
+    """Every selected non-root's parent is a call selected before it (not missing, unselected,
+    selected later, or itself); a first selected call that is not a root fails too."""
+    before = set()
+    for k, call in enumerate(selection):
+        if call["parent_id"] is not None and call["parent_id"] not in before:
+            raise Masked(R.D_FIRST_NOT_ROOT if k == 0 else R.D_PARENT_NOT_SELECTED_BEFORE, call)
+        before.add(call["call_id"])
+
+
+def forest_endpoints(selection: list) -> list:
+    """Selected calls that are no selected call's parent, in selection order."""
+    parents = {c["parent_id"] for c in selection if c["parent_id"] is not None}
+    return [c for c in selection if c["call_id"] not in parents]
+
+
+def forest_chain_of(selection: list, endpoint: dict) -> list:
+    """The endpoint's ancestors from the root down to the endpoint (all selected, by 10f)."""
+    by_id = {c["call_id"]: c for c in selection}
+    chain = [endpoint]
+    while chain[-1]["parent_id"] is not None:
+        chain.append(by_id[chain[-1]["parent_id"]])
+    return chain[::-1]
+
+
+def cut_10f(ro: Rollout, selection: list) -> list:
+    """10f, then one chain per endpoint, ordered by (capture position of the root, capture
+    position of the endpoint)."""
+    check_10f_forest(selection)
+    position_of = {c["call_id"]: i for i, c in enumerate(ro.calls)}
+    chains = [forest_chain_of(selection, e) for e in forest_endpoints(selection)]
+    return sorted(chains, key=lambda ch: (position_of[ch[0]["call_id"]], position_of[ch[-1]["call_id"]]))
+
+
+def loss_owners(chains: list) -> list:
+    """Per chain, the call_ids whose generated tokens it trains: those no earlier chain holds."""
+    seen, owners = set(), []
+    for chain in chains:
+        ids = [c["call_id"] for c in chain]
+        owners.append({i for i in ids if i not in seen})
+        seen |= set(ids)
+    return owners
+
+
+# --------------------------------------------------------------------------------------------
 # §3 step 11: the walk
 # --------------------------------------------------------------------------------------------
 
@@ -427,8 +475,9 @@ def check_chain_calls(ro: Rollout, chain: list) -> None:
 # One rollout
 # --------------------------------------------------------------------------------------------
 
-def decide(ro: Rollout, mode: str = "cc") -> Decision:
-    """Run §3 on one rollout, in check order; the first failure wins."""
+def decide(ro: Rollout, mode: str = "cc", plan: str = "linear") -> Decision:
+    """Run §3 on one rollout, in check order; the first failure wins. ``plan``: the cc cut,
+    ``linear`` (step 10) or ``forest`` (§3.1 step 10f)."""
     decision = Decision(ro.rollout_id)
     try:
         check_1_rollout_record(ro)
@@ -443,7 +492,7 @@ def decide(ro: Rollout, mode: str = "cc") -> Decision:
             check_7_out_of_order(ro, selection)
             check_8_terminal(ro, selection)
             check_9_accepted(ro, selection)
-            chains = cut_10(selection)
+            chains = cut_10f(ro, selection) if plan == "forest" else cut_10(selection)
             for chain in chains:
                 check_11_walk(ro, chain)
                 check_chain_calls(ro, chain)
@@ -533,13 +582,16 @@ def group_by_rollout(ledger, tokens, rollouts, has_logprobs: bool) -> list:
 
 
 def chain_row(ro: Rollout, chain: list, k: int, num_segments: int, *, reward, advantage,
-              weight: float) -> dict:
+              weight: float, trains: set | None = None) -> dict:
+    """``trains``: call_ids whose generated tokens get loss 1 here (default: every call); the
+    other calls' tokens all get 0 (§3.1 loss ownership)."""
     input_ids, loss_mask, logprobs = [], [], []
     for call in chain:
         token_row = ro.token_rows_of(call)[0]
         carry = call["delta_len"] - call["gen_len"]
         input_ids += list(token_row["tokens"])
-        loss_mask += [0] * carry + [1] * call["gen_len"]
+        trained = trains is None or call["call_id"] in trains
+        loss_mask += [0] * carry + [1 if trained else 0] * call["gen_len"]
         if ro.has_logprobs:
             logprobs += list(token_row["logprobs"])
     row = {
@@ -597,7 +649,7 @@ def reassemble(ledger, tokens, rollouts, options: Options | None = None, *,
         logprobs = bool(tokens) and "logprobs" in tokens[0]
 
     all_rollouts = group_by_rollout(ledger, tokens, rollouts, bool(logprobs))
-    decisions = {ro.rollout_id: decide(ro, options.mode) for ro in all_rollouts}
+    decisions = {ro.rollout_id: decide(ro, options.mode, options.plan) for ro in all_rollouts}
     statuses = {rid: d.status for rid, d in decisions.items()}
     advantage_of = advantages(all_rollouts, statuses, options)
 
@@ -611,7 +663,9 @@ def reassemble(ledger, tokens, rollouts, options: Options | None = None, *,
         if d.status == "ok":
             n = len(d.chains)
             weight = f32(1.0 / n) if options.row_weight == "rollout" else 1.0
-            mine = [chain_row(ro, chain, k, n, reward=reward, advantage=advantage, weight=weight)
+            owners = loss_owners(d.chains)
+            mine = [chain_row(ro, chain, k, n, reward=reward, advantage=advantage, weight=weight,
+                              trains=owners[k])
                     for k, chain in enumerate(d.chains)]
             rows += mine
         elif options.placeholders:

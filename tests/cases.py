@@ -784,6 +784,41 @@ def broken_chain_beats_missing_tokens():
     return b, {"wx": masked(R.D_PARENT_NOT_PREVIOUS, "c5")}
 
 
+# Step 10f: the forest cut (SPEC §3.1). Forks and shared calls are in tests/test_forest.py: their
+# rows break this file's invariants (a shared root's prompt tokens carry no loss in later rows).
+
+@case(plan="forest")
+def forest_worked_example():
+    # The linear plan accepts it, so the forest plan gives the same rows and report.
+    return worked_example(), {"wx": ok(
+        [dict(WX_S0, rollout_id="wx", group_id="g", reward=1.0, advantage=0.0),
+         dict(WX_S1, rollout_id="wx", group_id="g", reward=1.0, advantage=0.0)],
+        num_rows=2, num_calls=5, num_selected=4, num_roots=2, loss_tokens=2 + 2 + 1 + 3,
+        reward=1.0, advantage=0.0, group_id="g", reason=None, detail=None)}
+
+
+@case(plan="forest")
+def forest_broken_chain_first_not_root():
+    b = worked_example()
+    b.output(["c2"])
+    return b, {"wx": masked(R.D_FIRST_NOT_ROOT, "c2", num_selected=1)}
+
+
+@case(plan="forest")
+def forest_broken_chain_parent_not_selected():
+    b = worked_example()
+    b.output(["c1", "c5"])  # c5's parent c3 is not selected
+    return b, {"wx": masked(R.D_PARENT_NOT_SELECTED_BEFORE, "c5", num_selected=2)}
+
+
+@case(plan="forest")
+def forest_broken_chain_beats_missing_tokens():
+    b = worked_example()
+    b.output(["c1", "c5"])
+    b.drop_tokens("c1")
+    return b, {"wx": masked(R.D_PARENT_NOT_SELECTED_BEFORE, "c5")}
+
+
 # --------------------------------------------------------------------------------------------
 # Ordinary mode
 # --------------------------------------------------------------------------------------------

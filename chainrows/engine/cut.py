@@ -1,7 +1,10 @@
-"""Kernels that turn a rollout into chains: the cc cut (SPEC §3 step 10) and the ordinary terminal walk.
+"""Kernels that turn a rollout into chains: the cc cuts (SPEC §3 step 10, linear; §3.1 10f, forest)
+and the ordinary terminal walk.
 
-Both leave the same shape behind: the rollout's chain calls in ``sel[sel_off[r]:][:sel_len[r]]``,
-root first, and ``chain_start[i] = 1`` where a chain begins, plus ``n_chains[r]``.
+All leave the same shape behind: the rollout's chain calls in ``sel[sel_off[r]:][:sel_len[r]]``,
+root first, and ``chain_start[i] & CHAIN_START`` where a chain begins, plus ``n_chains[r]``.
+The forest cut writes a new ``sel`` (a call shared by several chains appears in each) and flags
+``SHARED`` the calls whose generation an earlier chain trains.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from numba import prange
 
 from chainrows.engine._jit import pjit
 from chainrows.reasons import (
-    D_FIRST_NOT_ROOT, D_MULTIPLE_ROOTS, D_NO_LEAF, D_PARENT_NOT_PREVIOUS, D_SEVERAL_LEAVES,
+    D_FIRST_NOT_ROOT, D_MULTIPLE_ROOTS, D_NO_LEAF, D_PARENT_NOT_PREVIOUS,
+    D_PARENT_NOT_SELECTED_BEFORE, D_SEVERAL_LEAVES,
     D_TERMINAL_NO_CALL, D_WALK_CYCLE, D_WALK_MISSING_PARENT,
 )
 
@@ -109,3 +113,94 @@ def terminal_chain(chunks, detail, bad_call, call_off, parent, terminal, marks,
             sel_len[r] = n
             chain_start[a] = 1
             n_chains[r] = 1
+
+
+# chain_start flags (one byte per chain slot): bit 0 starts a chain; bit 1 marks a call an
+# earlier chain of the rollout already holds (forest plan, SPEC §3.1): its tokens carry loss 0
+# in this chain. The linear cut and the terminal walk only ever write bit 0.
+CHAIN_START = 1
+SHARED = 2
+
+
+@pjit
+def forest_chains(chunks, detail, bad_call, sel_off, sel, sel_len, parent, marks, pos, rootof,
+                  depth, head, nxt, out_off, out, out_flags, out_len, n_chains, write):
+    """cc mode, forest plan (SPEC §3.1): check 10f, then one chain per endpoint.
+
+    Plain-Python definition, per rollout still ok, selection ``S = sel[s:s+n]``:
+
+        for i, c in enumerate(S):                       # 10f
+            if parent[c] != -1 and parent[c] not in S[:i]:
+                fail(first_not_root if i == 0 else parent_not_selected_before, c)
+        ends = [c for c in S if c not in {parent[x] for x in S}]
+        chain(e) = [root, ..., e]                       # parent links, all selected by 10f
+        chains = sorted((chain(e) for e in ends), key=lambda ch: (ch[0], ch[-1]))
+        n_chains = len(chains); out_len = sum(map(len, chains))
+        write: the chains concatenated at out[out_off[r]:], root first; out_flags CHAIN_START on
+        each chain's first call, SHARED on every call an earlier chain already holds.
+
+    Call indices order capture within a rollout, and a selection that passed check 7 is in
+    capture order, so S is sorted: "selected before" is "selected, at a lower index", the walk
+    from an endpoint strictly descends, and (root, endpoint) order is (root slot, endpoint slot).
+
+    Run twice: ``write`` False computes out_len and n_chains (and the 10f detail); True, on the
+    offsets from the first pass, writes ``out`` / ``out_flags`` (and repeats the checks, with the
+    same results). Scratch, per selection slot (like ``sel``): ``rootof`` slot of the call's root,
+    ``depth`` calls from the root, ``head`` first endpoint of a root's list, ``nxt`` next endpoint
+    in that list. Per call: ``pos`` its selection slot; ``marks`` uint8 zero on entry: bit 1
+    selected so far, bit 2 parent of a selected call, bit 4 written to a chain already.
+    """
+    for kk in prange(len(chunks) - 1):
+        for r in range(chunks[kk], chunks[kk + 1]):
+            if detail[r] != 0:
+                continue
+            s = sel_off[r]
+            n = sel_len[r]
+            for i in range(n):  # 10f, and each slot's root and depth
+                c = sel[s + i]
+                p = parent[c]
+                if p == -1:
+                    rootof[s + i] = i
+                    depth[s + i] = 1
+                elif p < 0 or (marks[p] & 1) == 0:
+                    detail[r] = D_FIRST_NOT_ROOT if i == 0 else D_PARENT_NOT_SELECTED_BEFORE
+                    bad_call[r] = c
+                    break
+                else:
+                    j = pos[p]
+                    rootof[s + i] = rootof[s + j]
+                    depth[s + i] = depth[s + j] + 1
+                    marks[p] |= 2
+                marks[c] |= 1
+                pos[c] = i
+                head[s + i] = -1
+            if detail[r] != 0:
+                continue
+            # endpoint lists per root, built backwards so each lists its endpoints ascending
+            for i in range(n - 1, -1, -1):
+                if marks[sel[s + i]] & 2 == 0:
+                    h = s + rootof[s + i]
+                    nxt[s + i] = head[h]
+                    head[h] = i
+            k = 0
+            w = out_off[r] if write else 0
+            end = out_off[r + 1] if write else 0
+            for i in range(n):
+                if parent[sel[s + i]] != -1:
+                    continue
+                e = head[s + i]
+                while e != -1:
+                    d = depth[s + e]
+                    if write and w + d <= end:
+                        x = sel[s + e]
+                        for q in range(w + d - 1, w - 1, -1):
+                            out[q] = x
+                            out_flags[q] = SHARED if marks[x] & 4 else 0
+                            marks[x] |= 4
+                            x = parent[x]
+                        out_flags[w] |= CHAIN_START
+                    w += d
+                    k += 1
+                    e = nxt[s + e]
+            n_chains[r] = k
+            out_len[r] = w - out_off[r] if write else w

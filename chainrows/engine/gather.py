@@ -2,7 +2,10 @@
 
 Plain-Python definition: for each ok rollout and each of its chains k, one row whose tokens
 are the chain's deltas root first, loss_mask 0 on each delta's carry and 1 on its generated
-tokens; for a masked rollout with placeholders, one row of a single 0 token with mask 0.
+tokens, except a call flagged SHARED (``chain_start & 2``, forest plan: an earlier chain of the
+rollout holds it, SPEC §3.1 loss ownership), whose whole delta has mask 0; loss_tokens per
+rollout = the mask's sum. For a masked rollout with placeholders, one row of a single 0 token
+with mask 0. A chain starts where ``chain_start & 1``.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ def row_sizes(chunks, ok, placeholders, row_off, sel_off, sel, sel_len, chain_st
             loss = 0
             for i in range(sel_len[r]):
                 c = sel[s + i]
-                if chain_start[s + i]:
+                f = chain_start[s + i]
+                if f & 1:
                     w += 1
                     row_len[w] = 0
                     row_ncalls[w] = 0
@@ -53,7 +57,8 @@ def row_sizes(chunks, ok, placeholders, row_off, sel_off, sel, sel_len, chain_st
                     row_segment[w] = w - row_off[r]
                 row_len[w] += delta_len[c]
                 row_ncalls[w] += 1
-                loss += gen_len[c]
+                if f & 2 == 0:
+                    loss += gen_len[c]
             loss_tokens[r] = loss
 
 
@@ -79,7 +84,8 @@ def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off,
             m = 0
             for i in range(sel_len[r]):
                 c = sel[s + i]
-                if chain_start[s + i]:
+                f = chain_start[s + i]
+                if f & 1:
                     w += 1
                     t = tok_off[w]
                     m = call_row_off[w]
@@ -87,7 +93,7 @@ def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off,
                 m += 1
                 d = delta_len[c]
                 src = tok_start[c]
-                carry = d - gen_len[c]
+                carry = d if f & 2 else d - gen_len[c]  # a shared call is trained in its first chain only
                 _copy(input_ids[t:t + d], tokens[src:src + d])
                 _fill(loss_mask[t:t + carry], 0)
                 _fill(loss_mask[t + carry:t + d], 1)

@@ -15,7 +15,7 @@ from chainrows.engine.batch import Batch, readonly
 from chainrows.engine.buffers import empty
 from chainrows.engine.checks import rollout_checks
 from chainrows.engine.chunks import balanced_chunks
-from chainrows.engine.cut import cut_chains, terminal_chain
+from chainrows.engine.cut import cut_chains, forest_chains, terminal_chain
 from chainrows.engine.gather import fill_rows, row_sizes
 from chainrows.engine import select
 from chainrows.engine.select import select_calls
@@ -78,8 +78,32 @@ def _order_chunks(batch: Batch) -> np.ndarray:
     return balanced_chunks(per)
 
 
+def _forest(chunks, detail, bad_call, sel_off, sel, sel_len, parent, n_chains):
+    """The forest cut (SPEC §3.1): 10f on the selection, then its chains as a new (sel_off, sel,
+    sel_len, chain_start), one chain per endpoint, (root, endpoint) order; see forest_chains.
+    Two runs of one kernel: count the chains' calls, then write them at those offsets."""
+    C, S = len(parent), len(sel)
+    scratch = [np.empty(S, dtype=np.int64) for _ in range(4)]  # rootof, depth, head, nxt
+    pos = np.empty(C, dtype=np.int64)
+    counts = np.zeros(len(sel_len), dtype=np.int64)
+    out_off = np.zeros(len(sel_len) + 1, dtype=np.int64)
+    no_out = np.zeros(0, dtype=np.int64)
+    no_flags = np.zeros(0, dtype=np.uint8)
+    forest_chains(chunks, detail, bad_call, sel_off, sel, sel_len, parent, np.zeros(C, dtype=np.uint8),
+                  pos, *scratch, out_off, no_out, no_flags, counts, n_chains, False)
+    np.cumsum(counts, out=out_off[1:])
+    out = np.full(int(out_off[-1]), -1, dtype=np.int64)
+    flags = np.zeros(len(out), dtype=np.uint8)
+    forest_chains(chunks, detail, bad_call, sel_off, sel, sel_len, parent, np.zeros(C, dtype=np.uint8),
+                  pos, *scratch, out_off, out, flags, counts, n_chains, True)
+    if not np.array_equal(counts, np.diff(out_off)):  # the write run sized every chain as the count run did
+        raise AssertionError("forest_chains: write pass disagrees with count pass")
+    return out_off, out, counts, flags
+
+
 def decide(batch: Batch, options: Options = Options()) -> Decisions:
-    """Status of every rollout of the batch per SPEC §3, and its chains (``options.mode``)."""
+    """Status of every rollout of the batch per SPEC §3, and its chains (``options.mode``,
+    ``options.plan``: the linear cut of step 10 or the forest cut of §3.1)."""
     batch.validate()
     b = _readonly(batch)
     R, C = b.num_rollouts, b.num_calls
@@ -101,7 +125,11 @@ def decide(batch: Batch, options: Options = Options()) -> Decisions:
                      b.cand_hash, b.cand_call, b.call_off, b.parent, b.identified, b.key_off, b.item_keys,
                      b.item_ids, sel, sel_len, np.zeros(C, dtype=np.uint8), select.LINEAR_MAX)
         num_selected = sel_len.copy()
-        cut_chains(chunks, detail, bad_call, sel_off, sel, sel_len, b.parent, chain_start, n_chains)
+        if options.plan == "forest":
+            sel_off, sel, sel_len, chain_start = _forest(chunks, detail, bad_call, sel_off, sel,
+                                                         sel_len, b.parent, n_chains)
+        else:
+            cut_chains(chunks, detail, bad_call, sel_off, sel, sel_len, b.parent, chain_start, n_chains)
     else:
         sel_off = b.call_off
         sel = np.full(C, -1, dtype=np.int64)

@@ -173,7 +173,7 @@ def verify_chains(chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, 
             i0 = 0
             while i0 < n and detail[r] == 0:
                 i1 = i0 + 1
-                while i1 < n and chain_start[s + i1] == 0:
+                while i1 < n and chain_start[s + i1] & 1 == 0:
                     i1 += 1
                 c, d = _walk(s, i0, i1, sel, parent)
                 if d != 0:
