@@ -57,7 +57,7 @@ def run_tables(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table, options: 
     reward_null = ~batch.has_record | batch.reward_null
     return Result(
         rows=rows_table(rows, labels, batch.reward, reward_null, adv, weights),
-        report=report_table(dec, rows, labels, batch.call_off, batch.parent, batch.reward,
-                            reward_null, adv),
+        report=report_table(dec, rows, labels, batch.call_off, batch.roots_per_rollout(),
+                            batch.reward, reward_null, adv),
         orphan_token_rows=labels.orphan_token_rows,
     )

@@ -82,6 +82,12 @@ class Batch:
     def num_calls(self) -> int:
         return len(self.parent)
 
+    def roots_per_rollout(self) -> np.ndarray:
+        """int64 per rollout: its ledger calls with a null parent_id (SPEC §4 ``num_roots``,
+        rejected roots included)."""
+        owner = np.repeat(np.arange(self.num_rollouts, dtype=np.int64), np.diff(self.call_off))
+        return np.bincount(owner[self.parent == ROOT], minlength=self.num_rollouts).astype(np.int64)
+
     def validate(self) -> None:
         """Raise ValueError naming the array when an offset or index could leave its buffer."""
         R, C = self.num_rollouts, self.num_calls

@@ -79,13 +79,10 @@ def detail_strings(detail: np.ndarray, bad_call: np.ndarray, bad_pos: np.ndarray
 
 
 def report_table(dec: Decisions, rows: RowArrays, labels: Labels, call_off: np.ndarray,
-                 parent: np.ndarray, reward: np.ndarray, reward_null: np.ndarray,
+                 num_roots: np.ndarray, reward: np.ndarray, reward_null: np.ndarray,
                  advantage: np.ndarray) -> pa.Table:
     """One row per rollout of the batch, sorted by rollout_id."""
-    R = len(dec.detail)
     ok = dec.ok
-    owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(call_off))
-    num_roots = np.bincount(owner[parent == -1], minlength=R).astype(np.int64)
     num_rows = np.where(ok, np.diff(rows.row_off), 0).astype(np.int64)
     reason = pc.take(_REASON_NAMES, pa.array(_REASON_OF[dec.detail]))
     cols = [
