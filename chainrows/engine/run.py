@@ -98,7 +98,7 @@ def _forest(chunks, detail, bad_call, sel_off, sel, sel_len, parent, n_chains):
                   pos, *scratch, out_off, out, flags, counts, n_chains, True)
     if not np.array_equal(counts, np.diff(out_off)):  # the write run sized every chain as the count run did
         raise AssertionError("forest_chains: write pass disagrees with count pass")
-    return out_off, out, counts, flags
+    return readonly(out_off), out, counts, flags  # out_off read-only like out_off of the linear plan: one signature per kernel
 
 
 def decide(batch: Batch, options: Options = Options()) -> Decisions:
