@@ -470,3 +470,71 @@ def test_cli_plan_forest_on_every_path(tmp_path, flags, capsys):
     assert got_rows == sorted(want.rows.to_pylist(), key=key)
     shared = [r for r in got_rows if r["segment"] > 0 and 0 in r["loss_mask"][r["prompt_len"]:]]
     assert shared, "the dataset has no forest rows with a shared call"
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=8), seed=st.integers(0, 2**32 - 1))
+def test_forest_chains_kernel_matches_its_definition(sizes, seed):
+    """forest_chains against the plain-Python definition in its docstring, on raw selections:
+    parents anywhere in the rollout (earlier, later, self, MISSING), some calls unselected,
+    some rollouts already masked, both passes through run._forest."""
+    import numpy as np
+
+    from chainrows.engine.run import _forest
+
+    rng = random.Random(seed)
+    R_, off = len(sizes), [0]
+    for n in sizes:
+        off.append(off[-1] + n)
+    C = off[-1]
+    parent, sel, sel_len, sel_off = [], [], [], [0]
+    for r, n in enumerate(sizes):
+        a = off[r]
+        for i in range(n):
+            x = rng.random()
+            parent.append(-1 if i == 0 or x < 0.3 else -2 if x < 0.33 else
+                          a + rng.randrange(n) if x < 0.4 else a + rng.randrange(i))
+        chosen = [a + i for i in range(n) if rng.random() < 0.85]
+        sel += chosen + [-1] * rng.randint(0, 2)  # a slot larger than the selection, as select leaves it
+        sel_len.append(len(chosen))
+        sel_off.append(len(sel))
+    detail = np.array([0 if rng.random() < 0.9 else 99 for _ in range(R_)], dtype=np.int32)
+    want_detail = detail.copy()
+    want_chains, want_bad = [], [-1] * R_
+    for r in range(R_):
+        S = sel[sel_off[r]:sel_off[r] + sel_len[r]]
+        chains = []
+        if want_detail[r] == 0:
+            for i, c in enumerate(S):
+                if parent[c] != -1 and parent[c] not in S[:i]:
+                    want_detail[r] = R.D_FIRST_NOT_ROOT if i == 0 else R.D_PARENT_NOT_SELECTED_BEFORE
+                    want_bad[r] = c
+                    break
+        if want_detail[r] == 0:
+            ends = [c for c in S if c not in {parent[x] for x in S}]
+            for e in ends:
+                ch = [e]
+                while parent[ch[-1]] != -1:
+                    ch.append(parent[ch[-1]])
+                chains.append(ch[::-1])
+            chains.sort(key=lambda ch: (ch[0], ch[-1]))
+        want_chains.append(chains)
+    chunks = np.array(sorted({0, R_, *(rng.randrange(R_ + 1) for _ in range(2))}), dtype=np.int64)
+    bad_call = np.full(R_, -1, dtype=np.int64)
+    n_chains = np.zeros(R_, dtype=np.int64)
+    out_off, out, out_len, flags = _forest(chunks, detail, bad_call, np.array(sel_off, dtype=np.int64),
+                                           np.array(sel, dtype=np.int64), np.array(sel_len, dtype=np.int64),
+                                           np.array(parent, dtype=np.int64), n_chains)
+    assert detail.tolist() == want_detail.tolist()
+    assert bad_call.tolist() == want_bad
+    for r in range(R_):
+        seg, fl = out[out_off[r]:out_off[r + 1]].tolist(), flags[out_off[r]:out_off[r + 1]].tolist()
+        chains = want_chains[r]
+        assert n_chains[r] == len(chains) and out_len[r] == len(seg)
+        assert seg == [c for ch in chains for c in ch]
+        seen, want_flags = set(), []
+        for ch in chains:
+            for j, c in enumerate(ch):
+                want_flags.append((1 if j == 0 else 0) | (2 if c in seen else 0))
+            seen |= set(ch)
+        assert fl == want_flags
