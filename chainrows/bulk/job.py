@@ -15,9 +15,10 @@ holds finished windows or buckets for ``--resume`` until the commit.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -102,25 +103,18 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
             bar.close()
         else:
             prepare_work(work, manifest(dataset_dir, options, route), resume)
-            with (one_arrow_thread() if route.path == "spill" else _nothing()):
+            tight = room < planner.STREAM_MIN_ROOM  # pin Arrow to one thread, trim after steps
+            with (one_arrow_thread() if tight else nullcontext()):
                 if route.path == "stream":
                     runs = _stream(dataset_dir, work, route, decide, room, schemas, progress)
                 else:
                     runs = _spill(dataset_dir, work, route, decide, room, total, schemas, progress)
                 summary.merge(summary_of(runs))
-                _merge(work, runs, rows_w, report_w, room, route.path == "spill", progress)
+                _merge(work, runs, rows_w, report_w, room, tight, progress)
     shutil.rmtree(work, ignore_errors=True)  # only after the outputs are committed
     summary.seconds = time.perf_counter() - t0
     summary.peak_rss = process_peak_rss() or 0
     return summary
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def choose_route(dataset_dir, total: int, room: int, has_lp: bool) -> Route:
