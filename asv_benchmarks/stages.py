@@ -70,6 +70,24 @@ class Decide(_Stage):
         self.decide(self.batch, self.options)
 
 
+class Plans(_Stage):
+    """decide + gather in cc mode under the linear and the forest plan, on the same data (the
+    forest plan's cost over the linear cut; synth data with its default shares)."""
+
+    params = [["linear", "forest"], SIZES]
+    param_names = ["plan", "rollouts"]
+
+    def setup(self, plan, n):
+        self._load(n)
+        build_batch, self.decide, self.gather_rows = _engine()[:3]
+        self.batch, _ = build_batch(*self.tables)
+        self.options = Options(plan=plan)
+        self.time_decide_gather(plan, n)
+
+    def time_decide_gather(self, plan, n):
+        self.gather_rows(self.batch, self.decide(self.batch, self.options), self.options)
+
+
 class Gather(_Stage):
     """gather_rows: row sizes, then copy every ok chain's deltas into the output buffers."""
 
