@@ -49,6 +49,17 @@ _positive = _int_at_least(0)
 _at_least_one = _int_at_least(1)
 
 
+def _rate(text: str) -> float:
+    """argparse type: a share in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1]: {text!r}")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (exit 2), like every other error."""
 
@@ -77,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--retry-rate", type=float, default=synth_defaults.retry_rate)
     s.add_argument("--corrupt-rate", type=float, default=synth_defaults.corrupt_rate)
     s.add_argument("--mean-gen-tokens", type=int, default=synth_defaults.mean_gen_tokens)
+    s.add_argument("--worker-rate", type=_rate, default=synth_defaults.worker_rate,
+                   help="share of rollouts whose sub-agent workers interleave (SPEC §3.1; "
+                        f"default {synth_defaults.worker_rate})")
+    s.add_argument("--fork-rate", type=_rate, default=synth_defaults.fork_rate,
+                   help="share of rollouts where two branches continue one call (SPEC §3.1; "
+                        f"default {synth_defaults.fork_rate}); with --worker-rate at most 1")
     s.add_argument("--no-logprobs", action="store_true")
     s.add_argument("--workers", type=int, default=1, help="generator processes (0: one per core)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing dataset in OUT")
@@ -160,10 +177,13 @@ def cmd_synth(a) -> int:
     from chainrows.progress import human_bytes
     from chainrows.synth import write_synth_dataset
 
+    if a.worker_rate + a.fork_rate > 1.0:
+        _Parser(prog="chainrows").error("--worker-rate plus --fork-rate must be at most 1")
     t0 = time.perf_counter()
     info = write_synth_dataset(a.out, a.rollouts, a.seed, group_size=a.group_size,
                                compaction_rate=a.compaction_rate, retry_rate=a.retry_rate,
                                corrupt_rate=a.corrupt_rate, mean_gen_tokens=a.mean_gen_tokens,
+                               worker_rate=a.worker_rate, fork_rate=a.fork_rate,
                                logprobs=not a.no_logprobs, workers=a.workers or None,
                                overwrite=a.overwrite)
     dt = time.perf_counter() - t0

@@ -75,7 +75,10 @@ def test_parse_size(text, value):
 
 
 @pytest.mark.parametrize("args", [["reassemble"], ["reassemble", "a", "b", "--mode", "tree"],
-                                  ["reassemble", "a", "b", "--memory-budget", "lots"], ["nope"]])
+                                  ["reassemble", "a", "b", "--memory-budget", "lots"], ["nope"],
+                                  ["synth", "a", "--fork-rate", "1.5"], ["synth", "a", "--worker-rate", "-0.1"],
+                                  ["synth", "a", "--fork-rate", "nan"], ["synth", "a", "--worker-rate", "half"],
+                                  ["synth", "a", "--fork-rate", "0.6", "--worker-rate", "0.5"]])
 def test_bad_arguments_exit_2(args, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)

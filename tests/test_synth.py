@@ -145,10 +145,38 @@ def test_fast_fingerprints_match_fingerprint():
         )
 
 
-def test_clean_rollouts_are_consistent():
+def _selected(calls, keys):
+    """The calls whose items make up ``keys``, greedily in capture order (clean synth data has
+    unique items); asserts the whole output is covered."""
+    p, selected = 0, []
+    for c in calls:
+        n = len(c["item_keys"])
+        if keys[p : p + n] == c["item_keys"]:
+            selected.append(c)
+            p += n
+    assert p == len(keys)
+    return selected
+
+
+def _shape(selected) -> str:
+    """'linear' (each selected non-root continues the selected call just before it), 'fork'
+    (some selected call is the parent of two selected calls) or 'workers' (several roots and
+    interleaved chains), from the ledger alone."""
+    if all(c["parent_id"] is None or c["parent_id"] == p["call_id"] for p, c in zip(selected, selected[1:])):
+        return "linear"
+    parents = Counter(c["parent_id"] for c in selected if c["parent_id"] is not None)
+    return "fork" if max(parents.values()) >= 2 else "workers"
+
+
+FOREST_RATES = {"worker_rate": 0.35, "fork_rate": 0.35}
+
+
+@pytest.mark.parametrize("rates", [{}, FOREST_RATES], ids=["linear", "forest"])
+def test_clean_rollouts_are_consistent(rates):
     """Recompute hashes and lengths of every call of clean rollouts; the output is the items of
-    one chain-linked selection of calls in capture order."""
-    ledger, tokens, rollouts = synth_tables(120, seed=2, corrupt_rate=0, vocab=5000)
+    the accepted calls in capture order: one chain-linked selection (linear harnesses) or a
+    forest whose every selected non-root continues a call selected before it."""
+    ledger, tokens, rollouts = synth_tables(120, seed=2, corrupt_rate=0, vocab=5000, **rates)
     tok = {(t["rollout_id"], t["call_id"]): t for t in tokens.to_pylist()}
     assert len(tok) == tokens.num_rows == ledger.num_rows
     records = {r["rollout_id"]: r for r in rollouts.to_pylist()}
@@ -179,16 +207,11 @@ def test_clean_rollouts_are_consistent():
             assert not c["failed"]
         # the output is the items of some calls, in capture order, and ends with the terminal
         rec = records[rid]
-        keys = rec["output_keys"]
-        p, selected = 0, []
-        for k, c in enumerate(calls):
-            n = len(c["item_keys"])
-            if keys[p : p + n] == c["item_keys"]:
-                selected.append(c)
-                p += n
-        assert p == len(keys)
-        for prev, c in zip(selected, selected[1:]):
-            assert c["parent_id"] is None or c["parent_id"] == prev["call_id"]
+        selected = _selected(calls, rec["output_keys"])
+        if not rates:
+            assert _shape(selected) == "linear"
+        for k, c in enumerate(selected):
+            assert c["parent_id"] is None or c["parent_id"] in {d["call_id"] for d in selected[:k]}
         assert selected[0]["parent_id"] is None
         if rec["terminal_response_id"] is not None:
             assert rec["terminal_response_id"] == selected[-1]["response_id"]
@@ -227,6 +250,35 @@ def test_clean_rollouts_have_compactions_retries_and_variety():
     assert tok_seq != list(zip(seq, ledger["call_id"].to_pylist()))
 
 
+def test_forest_shapes_come_at_their_rates():
+    n = 400
+    ledger, _, rollouts = synth_tables(n, seed=6, corrupt_rate=0, worker_rate=0.2, fork_rate=0.3)
+    by = _by_rollout(ledger)
+    shapes = Counter(_shape(_selected(by[r["rollout_id"]], r["output_keys"])) for r in rollouts.to_pylist())
+    assert abs(shapes["workers"] - 0.2 * n) < 0.07 * n and abs(shapes["fork"] - 0.3 * n) < 0.07 * n
+    for rid, calls in by.items():
+        roots = [c for c in calls if c["parent_id"] is None]
+        assert len(roots) >= 1
+    # none by default, and corrupt rollouts keep their linear shape (each kind its reason)
+    ledger, _, rollouts = synth_tables(200, seed=6, corrupt_rate=0)
+    by = _by_rollout(ledger)
+    assert {_shape(_selected(by[r["rollout_id"]], r["output_keys"])) for r in rollouts.to_pylist()} == {"linear"}
+
+
+def test_forest_rates_are_checked():
+    for bad in ({"fork_rate": 1.5}, {"worker_rate": -0.1}, {"fork_rate": float("nan")},
+                {"fork_rate": 0.6, "worker_rate": 0.5}):
+        with pytest.raises(ValueError):
+            synth_tables(4, **bad)
+    synth_tables(4, fork_rate=0.5, worker_rate=0.5)
+
+
+def test_zero_forest_rates_draw_nothing():
+    """Rates of 0 leave every table as without the parameters; any rate > 0 changes them."""
+    _assert_tables_equal(synth_tables(48, seed=3, worker_rate=0.0, fork_rate=0.0), synth_tables(48, seed=3))
+    assert not synth_tables(48, seed=3, fork_rate=0.01)[0].equals(synth_tables(48, seed=3)[0])
+
+
 def test_lengths_follow_the_means():
     ledger, _, _ = synth_tables(300, seed=9, corrupt_rate=0, mean_gen_tokens=50, mean_calls=3)
     gen = np.array(ledger["gen_len"].to_pylist())
@@ -247,6 +299,72 @@ def test_clean_rollouts_are_ok_in_cc_mode():
     # in ordinary mode, compactions (and root retries) are multiple_roots
     ordinary = Counter(r["reason"] for r in _reassemble(tables, "ordinary"))
     assert ordinary["multiple_roots"] > 0 and ordinary[None] > 0
+
+
+def test_forest_plan_recovers_what_linear_masks_as_broken_chain():
+    """Clean data with workers and forks: the linear plan masks exactly the forest-shaped
+    rollouts, as broken_chain; the forest plan keeps every rollout, in as many rows as the
+    selection has endpoints, training each selected generation once."""
+    reference = pytest.importorskip("chainrows.reference")
+    tables = synth_tables(160, seed=14, corrupt_rate=0, **FOREST_RATES)
+    ledger, tokens, rollouts = (t.to_pylist() for t in tables)
+    lin_rows, lin = reference.reassemble(ledger, tokens, rollouts, plan="linear")
+    for_rows, fo = reference.reassemble(ledger, tokens, rollouts, plan="forest")
+    by = _by_rollout(tables[0])
+    assert [r["rollout_id"] for r in lin] == [r["rollout_id"] for r in fo] == [r["rollout_id"] for r in rollouts]
+    shapes = Counter()
+    for rec, a, b in zip(rollouts, lin, fo):
+        selected = _selected(by[rec["rollout_id"]], rec["output_keys"])
+        shape = _shape(selected)
+        shapes[shape] += 1
+        assert (b["status"], b["reason"]) == ("ok", None)
+        if shape == "linear":
+            assert b == a
+        else:
+            assert (a["status"], a["reason"]) == ("masked", "broken_chain")
+            parents = {c["parent_id"] for c in selected}
+            assert b["num_rows"] == sum(c["call_id"] not in parents for c in selected) >= 2
+        assert b["loss_tokens"] == sum(c["gen_len"] for c in selected)
+    assert shapes["workers"] > 20 and shapes["fork"] > 20 and shapes["linear"] > 20
+    kept = {r["rollout_id"] for r in lin_rows}
+    assert [r for r in for_rows if r["rollout_id"] in kept] == lin_rows
+    assert len(for_rows) > len(lin_rows)
+
+
+def test_forest_shapes_next_to_corruptions():
+    """Corrupt rollouts stay linear: every reason but broken_chain is the same under both
+    plans, and every rollout the linear plan keeps is kept alike by the forest plan."""
+    reference = pytest.importorskip("chainrows.reference")
+    tables = synth_tables(160, seed=16, corrupt_rate=0.2, **FOREST_RATES)
+    ledger, tokens, rollouts = (t.to_pylist() for t in tables)
+    lin_rows, lin = reference.reassemble(ledger, tokens, rollouts, plan="linear")
+    for_rows, fo = reference.reassemble(ledger, tokens, rollouts, plan="forest")
+    recovered = 0
+    for a, b in zip(lin, fo):
+        if a["status"] == "ok":
+            assert b == a
+        elif a["reason"] == "broken_chain" and b["status"] == "ok":
+            recovered += 1
+        else:
+            assert (b["status"], b["reason"]) == (a["status"], a["reason"])
+    assert recovered > 40
+    assert len({r["reason"] for r in fo}) >= 6
+    kept = {r["rollout_id"] for r in lin_rows}
+    assert [r for r in for_rows if r["rollout_id"] in kept] == lin_rows
+
+
+@pytest.mark.parametrize("plan", ["linear", "forest"])
+def test_engine_matches_reference_on_forest_synth(plan):
+    from engine_adapter import engine_reassemble
+    from test_properties import compare_outputs
+
+    reference = pytest.importorskip("chainrows.reference")
+    tables = synth_tables(96, seed=15, corrupt_rate=0.15, **FOREST_RATES)
+    ledger, tokens, rollouts = (t.to_pylist() for t in tables)
+    want_rows, want_report = reference.reassemble(ledger, tokens, rollouts, plan=plan)
+    got_rows, got_report = engine_reassemble(ledger, tokens, rollouts, plan=plan)
+    compare_outputs(f"synth forest data, plan={plan}", got_rows, got_report, want_rows, want_report)
+    assert {r["reason"] for r in want_report} >= ({None, "broken_chain"} if plan == "linear" else {None})
 
 
 @pytest.mark.parametrize("kind", CORRUPT_KINDS)

@@ -19,6 +19,11 @@ or a function_call); their fingerprints (SPEC §2.1) are the call's ``item_keys`
   trigger; ``CORRUPT_TARGETS`` gives the mode in which each one triggers its reason
   (``multiple_roots``, ``ambiguous_terminal`` and ``walk_mismatch`` are ordinary-mode reasons:
   the first two are clean in cc mode, ``walk_mismatch`` is ``broken_chain`` there).
+- **forest shapes** (SPEC §3.1; ``worker_rate``, ``fork_rate``, both 0 by default; uncorrupted
+  rollouts only): 2-4 sub-agent workers, each its own root and chain, their calls interleaved;
+  or a fork, one call continued by two interleaved branches. Every accepted call's items are in
+  the output in capture order, so these are ``broken_chain`` under the linear plan and ok under
+  the forest plan. At rate 0 nothing is drawn: datasets stay byte-identical.
 
 Determinism: rollout ``i`` draws everything from generators seeded with XXH3-128 of
 ``(seed, i)`` (a counter-based scheme); the GRPO group's prompt and success rate from

@@ -42,6 +42,8 @@ class _Cfg:
         self.corrupt_rate = float(params.corrupt_rate)
         self.logprobs = bool(params.logprobs)
         self.accepted_rate = float(params.accepted_rate)
+        self.worker_rate = float(params.worker_rate)
+        self.forest_rate = self.worker_rate + float(params.fork_rate)
         self.mean_calls = float(params.mean_calls)
         self.mean_gen = float(params.mean_gen_tokens)
         self.mean_obs = float(params.mean_obs_tokens)
@@ -105,26 +107,78 @@ def make_cfg(seed, kw: dict) -> _Cfg:
     return _Cfg(seed, SynthParams(**kw))
 
 
+def _forest(r: random.Random, shape: str, n_acc: int) -> tuple[list, list]:
+    """The accepted calls of a forest rollout (SPEC §3.1) in capture order: each one's parent
+    (an earlier accepted call's index, None for a root) and whether it ends its worker or branch
+    (its items end with an assistant message).
+
+    ``workers``: 2-4 workers, each its own root and chain; worker 0 starts (the group prompt),
+    worker 1's root comes next, then the other calls interleave at random, so worker 0's second
+    call never follows its first and the linear plan always sees ``broken_chain``.
+    ``fork``: a trunk of one or more calls whose last call is continued by two branches of one
+    or more calls each, interleaved at random (the second branch's first call never follows the
+    fork call directly)."""
+    if shape == "workers":
+        w = 2
+        while w < 4 and r.random() < 0.3:
+            w += 1
+        n = max(n_acc, w + 1)
+        sizes = [2] + [1] * (w - 1)
+        for _ in range(n - w - 1):
+            sizes[r.randrange(w)] += 1
+        rest = [0] * (sizes[0] - 1) + [1] * (sizes[1] - 1)
+        for k in range(2, w):
+            rest += [k] * sizes[k]
+        r.shuffle(rest)
+        order, trunk = [0, 1] + rest, None
+    else:
+        n = max(n_acc, 3)
+        t = r.randint(1, n - 2)  # trunk calls
+        a = r.randint(1, n - t - 1)  # calls of branch 1; the others are branch 2's
+        rest = [1] * a + [2] * (n - t - a)
+        r.shuffle(rest)
+        order, trunk = [0] * t + rest, 0
+    par, tip = [], {}
+    for j, k in enumerate(order):
+        par.append(tip.get(k, tip.get(trunk) if k != trunk else None))
+        tip[k] = j
+    last = [False] * n
+    for k, j in tip.items():
+        last[j] = k != trunk
+    return par, last
+
+
 def _simulate(cfg: _Cfg, i: int) -> _Rollout:
     rng, r = cfg.rollout_rngs(i)
     kind = r.choice(cfg.kinds) if (cfg.kinds and r.random() < cfg.corrupt_rate) else None
     need = _needs(kind)
+    shape = None
+    if cfg.forest_rate > 0:  # no draw when both rates are 0: such datasets stay byte-identical
+        u = r.random()
+        if kind is None and u < cfg.forest_rate:
+            shape = "workers" if u < cfg.worker_rate else "fork"
 
-    # ---- structure: accepted calls, compactions, retries
+    # ---- structure: accepted calls (their parents among them), compactions, retries
     p_stop = 1.0 / cfg.mean_calls
     n_acc = 1
     while r.random() >= p_stop and n_acc < 400:
         n_acc += 1
     n_acc = max(n_acc, need.get("min_acc", 1))
-    compact = set()
-    mode = need.get("compaction")
-    if n_acc >= 2 and mode != "never" and (mode == "force" or r.random() < cfg.compaction_rate):
-        k = 1
-        while r.random() < 0.35 and k < n_acc - 1:
-            k += 1
-        compact = set(r.sample(range(1, n_acc), k))
-        if need.get("link") and len(compact) == n_acc - 1:
-            compact.discard(r.choice(sorted(compact)))
+    if shape is None:
+        compact = set()
+        mode = need.get("compaction")
+        if n_acc >= 2 and mode != "never" and (mode == "force" or r.random() < cfg.compaction_rate):
+            k = 1
+            while r.random() < 0.35 and k < n_acc - 1:
+                k += 1
+            compact = set(r.sample(range(1, n_acc), k))
+            if need.get("link") and len(compact) == n_acc - 1:
+                compact.discard(r.choice(sorted(compact)))
+        par = [None if (j == 0 or j in compact) else j - 1 for j in range(n_acc)]
+        last = [j == n_acc - 1 for j in range(n_acc)]
+    else:
+        par, last = _forest(r, shape, n_acc)
+        n_acc = len(par)
     retry_mode = need.get("retry")
     retries = [0] * n_acc
     if retry_mode != "never":
@@ -145,11 +199,10 @@ def _simulate(cfg: _Cfg, i: int) -> _Rollout:
     spans = []  # (start, carry_len, gen_len, kind_of_carry, copy_from) per call, capture order
     acc = []  # capture positions of the accepted calls, in order
     pos = 0
-    parent_cid = None
-    parent_full = 0
+    acc_cid, acc_full = [], []  # per accepted call: call id, prev_len + delta_len
     k_call = 0
     for j in range(n_acc):
-        root = j == 0 or j in compact
+        root = par[j] is None
         if j == 0:
             carry, carry_kind = len(group_prompt), 1
         elif root:
@@ -157,9 +210,9 @@ def _simulate(cfg: _Cfg, i: int) -> _Rollout:
             carry, carry_kind = cfg.sys_len + sum_len, 2
         else:
             carry, carry_kind = _lognormal_len(r, cfg.mean_obs, 1.0, 20), 0
-        parent = None if root else parent_cid
-        prev = 0 if root else parent_full
-        final = j == n_acc - 1
+        parent = None if root else acc_cid[par[j]]
+        prev = 0 if root else acc_full[par[j]]
+        final = last[j]
         first_of_j = len(spans)
         for t in range(retries[j] + 1):
             gen = _lognormal_len(r, cfg.mean_gen, 0.9, 16)
@@ -172,8 +225,8 @@ def _simulate(cfg: _Cfg, i: int) -> _Rollout:
             spans.append((pos, carry, gen, carry_kind, first_of_j if t else -1))
             pos += carry + gen
         acc.append(len(calls) - 1)
-        parent_cid = cid
-        parent_full = prev + carry + gen
+        acc_cid.append(cid)
+        acc_full.append(prev + carry + gen)
 
     # ---- tokens and logprobs (one draw per rollout), then chain hashes in capture order
     total = pos

@@ -32,6 +32,14 @@ class SynthParams:
     ``accepted_rate`` the share of rollouts with ``accepted_response_ids``; ``mean_calls`` the
     mean number of accepted calls (geometric); mean generation and observation lengths, prompt
     length and vocabulary size in tokens. A bad value raises ValueError at construction.
+
+    Forest shapes (SPEC §3.1), per rollout that is not corrupted, one draw for both:
+    ``worker_rate`` the chance of several sub-agent *workers* (2-4, each its own root and
+    chain, their calls interleaved in capture order, every accepted item in the output in
+    capture order) and ``fork_rate`` of a *fork* (one call continued by two branches, both in
+    the output). Both are ``broken_chain`` under the linear plan and ok under the forest plan.
+    ``worker_rate + fork_rate`` must be <= 1. Both default to 0: with 0, no draw is made, so
+    every dataset is byte-identical to the ones written before these shapes existed.
     """
 
     group_size: int = 4
@@ -46,6 +54,8 @@ class SynthParams:
     prompt_tokens: int = 800
     vocab: int = 150_000
     corrupt_kinds: tuple[str, ...] | None = None
+    worker_rate: float = 0.0
+    fork_rate: float = 0.0
 
     def __post_init__(self):
         if self.corrupt_kinds is not None:
@@ -56,9 +66,11 @@ class SynthParams:
             raise ValueError("mean_calls must be >= 1")
         if not 2 <= self.vocab <= 2**31 - 1:
             raise ValueError("vocab must be in [2, 2**31 - 1]")
-        for name in ("compaction_rate", "retry_rate", "corrupt_rate", "accepted_rate"):
+        for name in ("compaction_rate", "retry_rate", "corrupt_rate", "accepted_rate", "worker_rate", "fork_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1]")
+        if self.worker_rate + self.fork_rate > 1.0:
+            raise ValueError("worker_rate + fork_rate must be <= 1")
         kinds = self.corrupt_kinds
         if kinds is not None:
             unknown = [k for k in kinds if k not in CORRUPT_KINDS]

@@ -72,6 +72,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=1, help="processes building batches (0: one per CPU)")
     ap.add_argument("--batch-rollouts", type=int, default=DEFAULT_BATCH_ROLLOUTS)
     ap.add_argument("--corrupt-rate", type=float, default=DEFAULTS.corrupt_rate)
+    ap.add_argument("--worker-rate", type=float, default=DEFAULTS.worker_rate)
+    ap.add_argument("--fork-rate", type=float, default=DEFAULTS.fork_rate)
     ap.add_argument("--no-logprobs", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
     a = ap.parse_args(argv)
@@ -83,6 +85,8 @@ def main(argv=None) -> int:
         workers=a.workers,
         overwrite=a.overwrite,
         corrupt_rate=a.corrupt_rate,
+        worker_rate=a.worker_rate,
+        fork_rate=a.fork_rate,
         logprobs=not a.no_logprobs,
     )
     print(
