@@ -104,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("results")
     j.add_argument("out")
 
-    st = sub.add_parser("stats", help="what a dataset holds, and what cc recovers over ordinary capture")
+    st = sub.add_parser("stats", help="what a dataset holds, and what cc (linear and forest plan) recovers "
+                                      "over ordinary capture")
     st.add_argument("dataset")
     st.add_argument("--memory-budget", type=parse_size, default=None)
     st.add_argument("--threads", type=_at_least_one, default=None)
@@ -220,22 +221,27 @@ def cmd_stats(a) -> int:
                       progress=a.progress)
         od = bulk.run(a.dataset, os.path.join(tmp, "ordinary"), options.Options(mode="ordinary"),
                       memory_budget=budget, progress=a.progress)
+        fo = bulk.run(a.dataset, os.path.join(tmp, "forest"), options.Options(mode="cc", plan="forest"),
+                      memory_budget=budget, progress=a.progress)
     print(f"chainrows stats {a.dataset}")
     print(f"input (uncompressed) {cc.input_bytes:,} bytes; rollouts {cc.rollouts:,}; calls {cc.calls:,}; "
           f"orphan token rows {cc.orphan_token_rows:,}")
-    rows = [("", "ordinary", "cc", "cc - ordinary"),
-            ("rollouts ok", od.ok, cc.ok, cc.ok - od.ok),
-            ("rollouts masked", od.rollouts - od.ok, cc.rollouts - cc.ok, (cc.rollouts - cc.ok) - (od.rollouts - od.ok)),
-            ("rows", od.rows, cc.rows, cc.rows - od.rows),
-            ("tokens", od.tokens, cc.tokens, cc.tokens - od.tokens),
-            ("loss tokens", od.loss_tokens, cc.loss_tokens, cc.loss_tokens - od.loss_tokens)]
+    # cc is the linear plan; the forest plan (SPEC §3.1) is compared with it and with ordinary
+    runs = (od, cc, fo)
+    measures = [("rollouts ok", lambda s: s.ok), ("rollouts masked", lambda s: s.rollouts - s.ok),
+                ("rows", lambda s: s.rows), ("tokens", lambda s: s.tokens), ("loss tokens", lambda s: s.loss_tokens)]
+    rows = [("", "ordinary", "cc", "cc - ordinary", "forest", "forest - cc", "forest - ordinary")]
+    for name, get in measures:
+        o, c, f = (get(s) for s in runs)
+        rows.append((name, o, c, c - o, f, f - c, f - o))
     for name, *vals in rows:
-        print(f"{name:<16}" + "".join(f"{v:>16,}" if isinstance(v, int) else f"{v:>16}" for v in vals))
-    reasons = sorted(set(cc.reasons) | set(od.reasons))
+        print(f"{name:<16}" + "".join(f"{v:>19,}" if isinstance(v, int) else f"{v:>19}" for v in vals))
+    reasons = sorted(set(cc.reasons) | set(od.reasons) | set(fo.reasons))
     if reasons:
-        print("masked by reason")
+        print(f"masked by reason{'ordinary':>18}{'cc':>16}{'forest':>16}")
         for reason in reasons:
-            print(f"  {reason:<22}{od.reasons.get(reason, 0):>12,}{cc.reasons.get(reason, 0):>16,}")
+            print(f"  {reason:<22}{od.reasons.get(reason, 0):>10,}{cc.reasons.get(reason, 0):>16,}"
+                  f"{fo.reasons.get(reason, 0):>16,}")
     return 0
 
 

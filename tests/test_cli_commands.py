@@ -55,6 +55,47 @@ def test_stats_compares_cc_with_ordinary(data, capsys):
     assert cc - ordinary == diff and cc > ordinary
 
 
+def _stats_table(text):
+    """The stats table: {measure: {column: value}}."""
+    lines = text.splitlines()
+    head = next(i for i, l in enumerate(lines) if "cc - ordinary" in l)
+    columns = [c.strip() for c in lines[head].split("  ") if c.strip()]
+    table = {}
+    for line in lines[head + 1:]:
+        if line.startswith("masked by reason"):
+            break
+        name, values = line[:16].strip(), [int(x.replace(",", "")) for x in line[16:].split()]
+        assert len(values) == len(columns), line
+        table[name] = dict(zip(columns, values))
+    return table
+
+
+def test_stats_shows_what_the_forest_plan_recovers(tmp_path, capsys):
+    """On data with workers and forks, stats' forest column is what the forest plan writes, and
+    its differences to the linear (cc) plan and to ordinary capture are consistent."""
+    from chainrows import reassemble
+
+    data = tmp_path / "forest"
+    assert main(["synth", str(data), "--rollouts", "96", "--seed", "4", "--worker-rate", "0.25",
+                 "--fork-rate", "0.25"]) == 0
+    capsys.readouterr()
+    assert main(["stats", str(data)]) == 0
+    table = _stats_table(capsys.readouterr().out)
+    assert set(table) == {"rollouts ok", "rollouts masked", "rows", "tokens", "loss tokens"}
+    for row in table.values():
+        assert row["cc - ordinary"] == row["cc"] - row["ordinary"]
+        assert row["forest - cc"] == row["forest"] - row["cc"]
+        assert row["forest - ordinary"] == row["forest"] - row["ordinary"]
+    for name in ("rollouts ok", "rows", "loss tokens"):
+        assert table[name]["forest - cc"] > 0 and table[name]["forest - ordinary"] > 0
+    assert table["rollouts ok"]["forest"] + table["rollouts masked"]["forest"] == 96
+    for plan, column in (("linear", "cc"), ("forest", "forest")):
+        report = reassemble(str(data), plan=plan).report.to_pylist()
+        assert table["rollouts ok"][column] == sum(r["status"] == "ok" for r in report)
+        assert table["rows"][column] == sum(r["num_rows"] for r in report)
+        assert table["loss tokens"][column] == sum(r["loss_tokens"] for r in report)
+
+
 def test_import_jsonl_then_reassemble(tmp_path, capsys):
     files = _doc_files(tmp_path)
     ds = tmp_path / "imported"
