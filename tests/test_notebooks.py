@@ -78,7 +78,9 @@ def test_tour_notebook(nb_env):
     assert "[1, 2, 3, 10, 11, 4, 12, 13]" in text
     assert "multiple_roots" in text  # ordinary mode masks it
     assert "engine and reference agree on every column of rows and report" in text
-    assert images >= 1  # the worked example picture
+    assert images >= 2  # the worked example picture, the forest rollout picture
+    assert "broken_chain under the linear plan, ok under the forest plan" in text
+    assert "every selected generation is trained in exactly one row" in text
     assert not any(nb_env.iterdir()), "the notebook wrote into its working directory"
 
 
