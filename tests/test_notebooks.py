@@ -87,6 +87,8 @@ def test_tour_notebook(nb_env):
 def test_dataset_health_notebook(nb_env):
     text, images = _execute("02_dataset_health.ipynb", nb_env)
     assert "cc / ordinary" in text  # the cc vs ordinary table
+    assert "forest / cc" in text and "forest / ordinary" in text  # ... and the forest plan's columns
+    assert "recovered by the forest plan" in text
     assert "rollouts kept" in text and "loss tokens" in text
     assert "has tokens" in text  # the drill-down's ledger table
     assert images >= 4  # distributions, reasons, cc vs ordinary, advantages
