@@ -280,3 +280,70 @@ def test_progress_and_summary_say_which_path_and_why(dataset, tmp_path, capsys, 
     assert f"path                        {route.path}, {route.batches} batch" in summary.format()
     bars = {"memory": "reassemble", "stream": "stream", "spill": "partition"}
     assert bars[route.path] in err and "100.0%" in err
+
+
+def test_a_repeated_rollouts_row_follows_the_first_rows_group(dataset, tmp_path):
+    """Only a rollout's first rollouts row counts (SPEC §3 step 4): a repeat naming another
+    group (or none) must not carry the rollout into that group's window."""
+    ro = pq.read_table(dataset / "rollouts.parquet")
+    first = ro.slice(0, 1)
+    other_group = ro.column("group_id")[ro.num_rows - 1].as_py()
+    repeats = [first.set_column(first.schema.get_field_index("group_id"), "group_id",
+                                pa.array([g], pa.string())) for g in (other_group, None)]
+    src = tmp_path / "data"
+    src.mkdir()
+    for name in ("ledger", "tokens"):
+        (src / f"{name}.parquet").write_bytes((dataset / f"{name}.parquet").read_bytes())
+    pq.write_table(pa.concat_tables([ro, *repeats]), src / "rollouts.parquet")
+    bulk.run(src, tmp_path / "one", route=MEMORY)
+    for route in (stream(3), stream(7), spill(2)):
+        out = tmp_path / f"{route.path}{route.batches}"
+        bulk.run(src, out, route=route)
+        assert _bytes(out) == _bytes(tmp_path / "one"), route
+
+
+def test_rollout_ids_whose_routing_hashes_collide_are_refused(dataset, tmp_path, monkeypatch):
+    """Two ids with one routing hash would split a group: the planner refuses them (exit 2)
+    rather than write wrong rows. Simulated with a 2-bit first hash."""
+    from chainrows.bulk import windows
+    from chainrows.io import partition
+
+    real = partition.string_hashes
+
+    def narrow(col, second=False):
+        h = real(col, second)
+        return h if second else h & np.uint64(3)
+
+    monkeypatch.setattr(windows, "string_hashes", narrow)
+    with pytest.raises(InputError, match="share the 64-bit routing hash"):
+        bulk.run(dataset, tmp_path / "out", route=stream(3))
+    monkeypatch.setattr(partition, "string_hashes", narrow)
+    with pytest.raises(InputError, match="share the 64-bit routing hash"):
+        bulk.run(dataset, tmp_path / "out", route=spill(3))
+    assert not (tmp_path / "out" / "rows.parquet").exists()
+
+
+def test_collision_check_is_exact():
+    first = np.array([5, 5, 7, 9, 9], dtype=np.uint64)
+    partition_check = __import__("chainrows.io.partition", fromlist=["x"]).check_no_collisions
+    partition_check(first, np.array([1, 1, 2, 3, 3], dtype=np.uint64))  # same ids repeated: fine
+    with pytest.raises(InputError):
+        partition_check(first, np.array([1, 1, 2, 3, 4], dtype=np.uint64))
+
+
+@pytest.mark.parametrize("change", ["more", "fewer"])
+def test_stream_refuses_a_table_that_changed_after_its_first_pass(dataset, tmp_path, change):
+    from chainrows.bulk.stream import stream_windows
+    from chainrows.io.dataset import table_schema
+
+    plan = plan_windows(scan(dataset, True), 3)
+    src = tmp_path / "data"
+    src.mkdir()
+    for name in ("ledger", "rollouts"):
+        (src / f"{name}.parquet").write_bytes((dataset / f"{name}.parquet").read_bytes())
+    tok = pq.read_table(dataset / "tokens.parquet")
+    tok = pa.concat_tables([tok, tok.slice(0, 1)]) if change == "more" else tok.slice(1)
+    pq.write_table(tok, src / "tokens.parquet")
+    schemas = {n: table_schema(src, n) for n in ("ledger", "tokens", "rollouts")}
+    with pytest.raises(InputError, match="changed while it was read"):
+        stream_windows(src, plan, schemas, lambda k, window: None)

@@ -42,9 +42,10 @@ from chainrows.options import Options
 from chainrows.progress import Progress
 
 WORK_DIR = ".chainrows-work"
-MANIFEST_VERSION = 3
+MANIFEST_VERSION = 4
 MERGE_SHARE = 16  # of the room, what the merge's buffered run batches may take
 RUN_MAX_ROWS = 4096
+REPORT_ROW_BYTES = 256  # a report row in Arrow, ids and detail included (order of magnitude)
 
 
 @dataclass(frozen=True)
@@ -184,10 +185,12 @@ def _keep(result: Result, where: Path, stem: str, schemas: dict, batch_bytes: in
     per_row = max(rows.nbytes // max(rows.num_rows, 1), 1)
     batch_rows = int(max(1, min(RUN_MAX_ROWS, batch_bytes // per_row)))
     write_run(rows, where / f"{stem}.rows{RUN_SUFFIX}", batch_rows)
-    write_run(result.report, where / f"{stem}.report{RUN_SUFFIX}", 65536)
+    report_rows = int(max(1, min(RUN_MAX_ROWS, batch_bytes // REPORT_ROW_BYTES)))
+    write_run(result.report, where / f"{stem}.report{RUN_SUFFIX}", report_rows)
     part = Summary()
     part.add(result)
-    return {"summary": part.counts_json(), "stem": str(where / stem), "batch_bytes": batch_rows * per_row}
+    return {"summary": part.counts_json(), "stem": str(where / stem), "batch_bytes": batch_rows * per_row,
+            "batch_rows": batch_rows, "report_rows": report_rows}
 
 
 def _run_batch_bytes(room: int, runs: int) -> int:
@@ -251,12 +254,18 @@ def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: 
     batch_bytes = max((r["batch_bytes"] for r in records), default=1)
     fan_in = max(2, min(len(stems), _open_file_limit() // 4,
                         (room // MERGE_SHARE) // (2 * max(batch_bytes, 1))))
+    report_fan_in = max(2, min(len(stems), _open_file_limit() // 4,
+                               (room // MERGE_SHARE) // (2 * REPORT_ROW_BYTES * max(
+                                   (r.get("report_rows", 1) for r in records), default=1))))
+    # intermediate runs of a multi-level merge keep the first level's batch sizes
+    rows_batch = min((r.get("batch_rows", RUN_MAX_ROWS) for r in records), default=RUN_MAX_ROWS)
+    report_batch = min((r.get("report_rows", RUN_MAX_ROWS) for r in records), default=RUN_MAX_ROWS)
     bar = Progress("merge", 2, enabled=progress, unit="tables")
     merge_tree([s.with_name(s.name + f".rows{RUN_SUFFIX}") for s in stems], rows_w,
-               RUN_MAX_ROWS, fan_in, work / "merge-rows", release=tight)
+               rows_batch, fan_in, work / "merge-rows", release=tight)
     bar.advance(1)
-    merge_tree([s.with_name(s.name + f".report{RUN_SUFFIX}") for s in stems], report_w, 65536,
-               max(2, min(len(stems), _open_file_limit() // 4)), work / "merge-report", release=tight)
+    merge_tree([s.with_name(s.name + f".report{RUN_SUFFIX}") for s in stems], report_w, report_batch,
+               report_fan_in, work / "merge-report", release=tight)
     bar.advance(1)
     bar.close()
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from chainrows.bulk.windows import WindowPlan, take
 from chainrows.io.dataset import TABLES, iter_table_batches
+from chainrows.io.errors import InputError
 
 
 def concat(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
@@ -25,7 +26,8 @@ def concat(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
 class RowReader:
     """A table's record batches, handed out as tables of exactly the rows asked for."""
 
-    def __init__(self, batches: Iterator[pa.RecordBatch]):
+    def __init__(self, name: str, batches: Iterator[pa.RecordBatch]):
+        self.name = name
         self._batches = batches
         self._pending: pa.Table | None = None
         self.schema: pa.Schema | None = None
@@ -36,7 +38,8 @@ class RowReader:
             if self._pending is None or self._pending.num_rows == 0:
                 batch = next(self._batches, None)
                 if batch is None:
-                    raise RuntimeError("table ended before the rows its first pass counted")
+                    raise InputError("table changed while it was read: fewer rows than its first "
+                                     "pass counted", table=self.name)
                 self._pending = pa.Table.from_batches([batch])
                 self.schema = self.schema or batch.schema
             piece = self._pending.slice(0, n - got)
@@ -44,6 +47,11 @@ class RowReader:
             out.append(piece)
             got += piece.num_rows
         return out
+
+    def check_exhausted(self) -> None:
+        if (self._pending is not None and self._pending.num_rows) or next(self._batches, None) is not None:
+            raise InputError("table changed while it was read: more rows than its first pass "
+                             "counted", table=self.name)
 
 
 class Windows:
@@ -53,10 +61,16 @@ class Windows:
         self.plan = plan
         self.schemas = schemas
         rows_per_step = {n: max(1, int(plan.cuts[n][-1]) // plan.steps) for n in TABLES}
-        self._readers = {n: RowReader(iter_table_batches(dataset_dir, n, None,
+        self._readers = {n: RowReader(n, iter_table_batches(dataset_dir, n, None,
                                                          max(64, rows_per_step[n] // 4)))
                          for n in TABLES}
         self._held: dict[str, list[tuple[pa.Table, np.ndarray]]] = {n: [] for n in TABLES}
+
+    def check_exhausted(self) -> None:
+        """After the last step: every table ended where its first pass said (InputError if a
+        file gained rows meanwhile)."""
+        for name, reader in self._readers.items():
+            reader.check_exhausted()
 
     def step(self, k: int) -> dict[str, pa.Table]:
         """Read step ``k``'s rows; return the rows of the groups decided at ``k``, in read order."""
@@ -102,3 +116,4 @@ def stream_windows(dataset_dir, plan: WindowPlan, schemas: dict[str, pa.Schema],
                         pass
                 raise
             del window
+        windows.check_exhausted()

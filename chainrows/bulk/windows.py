@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from chainrows.io.arrays import FirstValue
 from chainrows.io.dataset import iter_table_batches
-from chainrows.io.partition import string_hashes
+from chainrows.io.partition import check_no_collisions, string_hashes
 
 LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (order of magnitude)
 ROLLOUT_ROW_BYTES = 200
@@ -65,13 +65,14 @@ class WindowPlan:
 
 def scan(dataset_dir, has_logprobs: bool) -> Scan:
     """Read the id columns of the three tables (and ledger delta_len) once."""
-    rid_parts, grp_parts = [], []
+    rid_parts, grp_parts, second = [], [], []
     for batch in iter_table_batches(dataset_dir, "rollouts", ["rollout_id", "group_id"], SCAN_BATCH_ROWS):
         rid = string_hashes(batch.column("rollout_id"))
         valid = pc.is_valid(batch.column("group_id")).to_numpy(zero_copy_only=False)
         grp = np.where(valid, string_hashes(batch.column("group_id")) ^ np.uint64(0x9E3779B97F4A7C15), rid)
         rid_parts.append(rid)
         grp_parts.append(grp)
+        second.append(string_hashes(batch.column("rollout_id"), second=True))
     ro_rid = np.concatenate(rid_parts) if rid_parts else np.zeros(0, np.uint64)
     ro_grp = np.concatenate(grp_parts) if grp_parts else np.zeros(0, np.uint64)
     group_of = FirstValue(ro_rid, ro_grp)
@@ -79,12 +80,19 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
     led_rid, led_delta = [], []
     for batch in iter_table_batches(dataset_dir, "ledger", ["rollout_id", "delta_len"], SCAN_BATCH_ROWS):
         led_rid.append(string_hashes(batch.column("rollout_id")))
+        second.append(string_hashes(batch.column("rollout_id"), second=True))
         led_delta.append(batch.column("delta_len").to_numpy(zero_copy_only=False))
     led_rid = np.concatenate(led_rid) if led_rid else np.zeros(0, np.uint64)
     led_delta = np.concatenate(led_delta).astype(np.float64) if led_delta else np.zeros(0)
-    tok_rid = [string_hashes(b.column("rollout_id"))
-               for b in iter_table_batches(dataset_dir, "tokens", ["rollout_id"], SCAN_BATCH_ROWS)]
+    tok_rid = []
+    for batch in iter_table_batches(dataset_dir, "tokens", ["rollout_id"], SCAN_BATCH_ROWS):
+        tok_rid.append(string_hashes(batch.column("rollout_id")))
+        second.append(string_hashes(batch.column("rollout_id"), second=True))
     tok_rid = np.concatenate(tok_rid) if tok_rid else np.zeros(0, np.uint64)
+    # second holds the rollouts, ledger and tokens rows in that order, as ro_rid, led_rid, tok_rid
+    check_no_collisions(np.concatenate([ro_rid, led_rid, tok_rid]),
+                        np.concatenate(second) if second else np.zeros(0, np.uint64))
+    del second
 
     # token row bytes: the rollout's ledger tokens spread evenly over its token rows
     per_token = 4 + 4 + (4 if has_logprobs else 0)  # tokens, list offsets amortised, logprobs
@@ -94,7 +102,9 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
     rows_of = np.bincount(tok_code, minlength=len(all_rid))
     tok_bytes = 16 + per_token * tokens_of[tok_code] / np.maximum(rows_of[tok_code], 1)
 
-    groups = [group_of.get(led_rid, led_rid), group_of.get(tok_rid, tok_rid), ro_grp]
+    # every row of a rollout follows the group of its first rollouts row (SPEC §3 step 4: only
+    # the first row counts), a repeated rollouts row included
+    groups = [group_of.get(led_rid, led_rid), group_of.get(tok_rid, tok_rid), group_of.get(ro_rid, ro_rid)]
     uniq, codes = np.unique(np.concatenate(groups), return_inverse=True)
     bounds = np.cumsum([0] + [len(g) for g in groups])
     return Scan(

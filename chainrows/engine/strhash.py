@@ -1,6 +1,7 @@
 """Kernel: 64-bit FNV-1a of each string of an Arrow-style string array (offsets + bytes).
 
-Used to route rollouts to spill buckets; the routing is checked for collisions by the caller.
+Used to route rollouts to streaming windows and spill buckets. A second hash with another offset
+basis lets the caller detect ids whose first hashes collide (chainrows.io.partition).
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from numba import prange
 from chainrows.engine._jit import pjit
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+SECOND_OFFSET = np.uint64(0x84222325CBF29CE4)
 FNV_PRIME = np.uint64(0x100000001B3)
 
 
 @pjit
-def fnv1a_strings(offsets, data, out):
-    """out[i] = FNV-1a-64 of data[offsets[i]:offsets[i+1]], then a final avalanche mix."""
+def fnv1a_strings(offsets, data, basis, out):
+    """out[i] = FNV-1a-64 (offset basis ``basis``) of data[offsets[i]:offsets[i+1]], then a
+    final avalanche mix."""
     for i in prange(len(offsets) - 1):
-        h = FNV_OFFSET
+        h = basis
         for j in range(offsets[i], offsets[i + 1]):
             h = (h ^ np.uint64(data[j])) * FNV_PRIME
         h ^= h >> np.uint64(33)

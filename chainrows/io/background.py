@@ -50,7 +50,9 @@ class BackgroundWriter:
         self._closed = True
         self._queue.put(_DONE)
         self._thread.join()
-        self._raise()
+        if self._error is not None:  # release the wrapped writer, then raise the thread's error
+            self.writer.__exit__(type(self._error), self._error, None)
+            raise self._error
         self.writer.close()
 
     def __enter__(self) -> "BackgroundWriter":

@@ -19,16 +19,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.engine.batch import readonly
-from chainrows.engine.strhash import fnv1a_strings
+from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, fnv1a_strings
 from chainrows.io.arrays import FirstValue, one_chunk
 from chainrows.io.dataset import TABLES, iter_table_batches, table_schema
+from chainrows.io.errors import InputError
 from chainrows.io.memory import release_memory
 
 SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
 
 
-def string_hashes(col) -> np.ndarray:
-    """uint64 hash of each string (a null hashes like the empty string)."""
+def string_hashes(col, second: bool = False) -> np.ndarray:
+    """uint64 hash of each string (a null hashes like the empty string); ``second``: an
+    independent hash (another FNV offset basis), for :func:`check_no_collisions`."""
     arr = one_chunk(col).cast(pa.large_string())
     if len(arr) == 0:
         return np.zeros(0, dtype=np.uint64)
@@ -38,8 +40,23 @@ def string_hashes(col) -> np.ndarray:
     if offsets[0] < 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > len(data):
         raise ValueError("string offsets outside the data buffer")
     out = np.empty(len(arr), dtype=np.uint64)
-    fnv1a_strings(readonly(np.ascontiguousarray(offsets)), readonly(data), out)
+    fnv1a_strings(readonly(np.ascontiguousarray(offsets)), readonly(data),
+                  SECOND_OFFSET if second else FNV_OFFSET, out)
     return out
+
+
+def check_no_collisions(first: np.ndarray, second: np.ndarray) -> None:
+    """Two distinct rollout ids whose routing hashes collide would split a group across windows
+    or buckets: refuse (InputError) when some ``first`` hash comes with two ``second`` hashes."""
+    if len(first) == 0:
+        return
+    pairs = np.unique(np.stack([first, second], axis=1), axis=0)
+    clash = np.flatnonzero(pairs[1:, 0] == pairs[:-1, 0])
+    if len(clash):
+        raise InputError(
+            f"two distinct rollout ids share the 64-bit routing hash {int(pairs[clash[0], 0]):#018x}; "
+            "the streaming and spill paths cannot tell them apart: rename one, or give a "
+            "--memory-budget large enough for the in-memory path")
 
 
 class Router:
@@ -47,13 +64,16 @@ class Router:
 
     def __init__(self, dataset_dir, n_buckets: int, batch_rows: int):
         self.k = np.uint64(n_buckets)
-        rid_h, bucket = [], []
+        rid_h, rid_h2, bucket = [], [], []
         for batch in iter_table_batches(dataset_dir, "rollouts", ["rollout_id", "group_id"], batch_rows):
             h = string_hashes(batch.column("rollout_id"))
             g = string_hashes(batch.column("group_id"))
             valid = pc.is_valid(batch.column("group_id")).to_numpy(zero_copy_only=False)
             rid_h.append(h)
+            rid_h2.append(string_hashes(batch.column("rollout_id"), second=True))
             bucket.append(np.where(valid, g, h) % self.k)
+        if rid_h:
+            check_no_collisions(np.concatenate(rid_h), np.concatenate(rid_h2))
         self._bucket_of = FirstValue(np.concatenate(rid_h) if rid_h else np.zeros(0, np.uint64),
                                      np.concatenate(bucket) if bucket else np.zeros(0, np.uint64))
 
