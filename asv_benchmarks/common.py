@@ -38,7 +38,9 @@ TINY_ROLLOUTS = 8  # the compile / start-up probes run a reassemble on this many
 
 
 def cache_root() -> Path:
-    root = os.environ.get("CHAINROWS_BENCH_CACHE") or os.path.join(tempfile.gettempdir(), "chainrows-bench-cache")
+    checkout = hashlib.sha1(chainrows_root().encode()).hexdigest()[:8]
+    root = os.environ.get("CHAINROWS_BENCH_CACHE") or os.path.join(
+        tempfile.gettempdir(), f"chainrows-bench-cache-{checkout}")
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
