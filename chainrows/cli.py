@@ -83,11 +83,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("out")
     s.add_argument("--rollouts", type=_positive, default=1000)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--group-size", type=int, default=synth_defaults.group_size)
-    s.add_argument("--compaction-rate", type=float, default=synth_defaults.compaction_rate)
-    s.add_argument("--retry-rate", type=float, default=synth_defaults.retry_rate)
-    s.add_argument("--corrupt-rate", type=float, default=synth_defaults.corrupt_rate)
-    s.add_argument("--mean-gen-tokens", type=int, default=synth_defaults.mean_gen_tokens)
+    s.add_argument("--group-size", type=_at_least_one, default=synth_defaults.group_size,
+                   help=f"rollouts per GRPO group (default {synth_defaults.group_size})")
+    s.add_argument("--compaction-rate", type=_rate, default=synth_defaults.compaction_rate,
+                   help=f"chance a rollout has compactions (default {synth_defaults.compaction_rate})")
+    s.add_argument("--retry-rate", type=_rate, default=synth_defaults.retry_rate,
+                   help=f"chance of rejected retries per accepted call (default {synth_defaults.retry_rate})")
+    s.add_argument("--corrupt-rate", type=_rate, default=synth_defaults.corrupt_rate,
+                   help=f"chance a rollout gets one corruption (default {synth_defaults.corrupt_rate})")
+    s.add_argument("--mean-gen-tokens", type=_at_least_one, default=synth_defaults.mean_gen_tokens,
+                   help=f"mean generated tokens per call (default {synth_defaults.mean_gen_tokens})")
     s.add_argument("--worker-rate", type=_rate, default=synth_defaults.worker_rate,
                    help="share of rollouts whose sub-agent workers interleave (SPEC §3.1; "
                         f"default {synth_defaults.worker_rate})")
@@ -95,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="share of rollouts where two branches continue one call (SPEC §3.1; "
                         f"default {synth_defaults.fork_rate}); with --worker-rate at most 1")
     s.add_argument("--no-logprobs", action="store_true")
-    s.add_argument("--workers", type=int, default=1, help="generator processes (0: one per core)")
+    s.add_argument("--workers", type=_positive, default=1, help="generator processes (0: one per core; default 1)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing dataset in OUT")
 
     j = sub.add_parser("import-jsonl", help="raw JSON Lines (docs/jsonl.md) -> SPEC §2 dataset")

@@ -119,7 +119,10 @@ def test_parse_size(text, value):
                                   ["reassemble", "a", "b", "--memory-budget", "lots"], ["nope"],
                                   ["synth", "a", "--fork-rate", "1.5"], ["synth", "a", "--worker-rate", "-0.1"],
                                   ["synth", "a", "--fork-rate", "nan"], ["synth", "a", "--worker-rate", "half"],
-                                  ["synth", "a", "--fork-rate", "0.6", "--worker-rate", "0.5"]])
+                                  ["synth", "a", "--fork-rate", "0.6", "--worker-rate", "0.5"],
+                                  ["synth", "a", "--corrupt-rate", "2"], ["synth", "a", "--group-size", "0"],
+                                  ["synth", "a", "--compaction-rate", "nan"], ["synth", "a", "--retry-rate", "5"],
+                                  ["synth", "a", "--mean-gen-tokens", "-3"], ["synth", "a", "--workers", "-1"]])
 def test_bad_arguments_exit_2(args, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)
