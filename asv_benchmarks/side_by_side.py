@@ -50,6 +50,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from asv_benchmarks import common
+from chainrows.io.memory import process_peak_rss, process_rss
 
 
 # ---- small helpers -------------------------------------------------------------------------
@@ -60,24 +61,12 @@ def _rss_gb() -> float:
     return kb * (1 if sys.platform != "darwin" else 1 / 1024) * 1024 / 1e9
 
 
-def _vm_bytes(field: str) -> int | None:
-    """VmRSS / VmHWM of this process from /proc (Linux), bytes; None elsewhere."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def _reset_peak() -> bool:
     """Reset this process's VmHWM to its current RSS (Linux >= 4.0); False when not possible."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return _vm_bytes("VmHWM") is not None
+        return process_peak_rss() is not None
     except OSError:
         return False
 
@@ -247,12 +236,12 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
     nt = _max_threads()
     numba.set_num_threads(1)
     gc.collect()
-    base_rss = _vm_bytes("VmRSS")
+    base_rss = process_rss()
     peak_ok = _reset_peak()
     batch, _labels = build_batch(*tables)  # untimed first run, measured for peak memory
     dec = decide(batch)
     rows = gather_rows(batch, dec)
-    peak = _vm_bytes("VmHWM") if peak_ok else None
+    peak = process_peak_rss() if peak_ok else None
     del batch, _labels, dec
     gc.collect()
     t_build, (batch, _labels) = common.best_of(lambda: build_batch(*tables), max(1, repeats - 1))

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from chainrows.io.arrays import FirstValue
 from chainrows.io.dataset import iter_table_batches
 from chainrows.io.partition import check_no_collisions, string_hashes
+from chainrows.io.take import take_rows
 
 LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (order of magnitude)
 ROLLOUT_ROW_BYTES = 200
@@ -146,17 +147,11 @@ def plan_windows(sc: Scan, steps: int) -> WindowPlan:
     return WindowPlan(steps, cuts, done, np.cumsum(held_diff)[:steps], decided, read)
 
 
-def rows_decided_at(done: np.ndarray, start: int, stop: int, step: int) -> tuple[np.ndarray, np.ndarray]:
-    """Of the rows ``start:stop`` of a table: indices (relative) decided at ``step``, and of
-    those held for later."""
-    d = done[start:stop]
-    return np.flatnonzero(d == step), np.flatnonzero(d > step)
-
-
 def take(table: pa.Table, idx: np.ndarray) -> pa.Table:
-    """Rows ``idx`` of ``table`` (a slice when they are contiguous)."""
+    """Rows ``idx`` (increasing) of ``table``: a slice when they are contiguous, else a block
+    copy per row (chainrows.io.take)."""
     if len(idx) == table.num_rows:
         return table
     if len(idx) and idx[-1] - idx[0] + 1 == len(idx):
         return table.slice(int(idx[0]), len(idx))
-    return table.take(pa.array(idx))
+    return take_rows(table, idx)
