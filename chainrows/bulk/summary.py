@@ -90,8 +90,8 @@ class Summary:
         lines = [("rollouts", f"{self.rollouts:,}"), ("  ok", f"{self.ok:,}"), ("  masked", f"{masked:,}")]
         for reason, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0])):
             lines.append((f"    {reason}", f"{n:,}"))
-        lines += [("rows", f"{self.rows:,}" + (f" (+ {self.placeholder_rows:,} placeholder rows)"
-                                               if self.placeholder_rows else "")),
+        lines += [("rows", f"{self.rows + self.placeholder_rows:,} ({self.rows:,} trained, "
+                           f"{self.placeholder_rows:,} placeholders)" if self.placeholder_rows else f"{self.rows:,}"),
                   ("tokens", f"{self.tokens:,}"),
                   ("loss tokens", f"{self.loss_tokens:,}"),
                   ("calls", f"{self.calls:,}"),
