@@ -6,6 +6,8 @@ offending call or output position, so both produce the same text:
 
     "<message>: call <call_id>"        when the detail names a call
     "<message> output position <p>"    when it names an output position
+    "<message>: call <call_id>: <text>" when it names a call and quotes its ledger
+                                       integrity_error (SPEC §3 check 14)
     "<message>"                        otherwise
 """
 
@@ -38,7 +40,7 @@ REASONS = (
 REASON_ID = {name: i for i, name in enumerate(REASONS) if name}
 
 # What a detail points at.
-NONE, CALL, POSITION = 0, 1, 2
+NONE, CALL, POSITION, CALL_TEXT = 0, 1, 2, 3
 
 # Detail id -> (reason, message, what it points at). Order within a reason is the order in
 # which the engine checks (first failure wins). Append only: ids are used by the kernels.
@@ -81,6 +83,7 @@ DETAILS = (
     ("logprob_invalid", "logprob is NaN or infinite", CALL),
     ("logprob_invalid", "logprob is non-zero on a carry token", CALL),
     ("broken_chain", "parent is not a call selected before it", CALL),  # forest plan, SPEC §3.1 10f
+    ("hash_mismatch", "integrity_error is set", CALL_TEXT),  # SPEC §3 check 14, an importer's own check
 )
 
 DETAIL_ID = {}
@@ -125,16 +128,21 @@ D_HASH = 34
 D_LOGPROB_NONFINITE = 35
 D_LOGPROB_CARRY = 36
 D_PARENT_NOT_SELECTED_BEFORE = 37
+D_INTEGRITY = 38
 
 # Reason id of each detail id, for vectorised lookup.
 DETAIL_REASON = tuple(REASON_ID[r] if r else OK for r, _, _ in DETAILS)
 
 
-def format_detail(detail_id: int, call_id: str | None = None, position: int | None = None) -> str | None:
-    """The human detail of a masked rollout; None for ok."""
+def format_detail(detail_id: int, call_id: str | None = None, position: int | None = None,
+                  text: str | None = None) -> str | None:
+    """The human detail of a masked rollout; None for ok. ``text``: the call's integrity_error
+    (details of kind CALL_TEXT)."""
     if detail_id == 0:
         return None
     _, message, kind = DETAILS[detail_id]
+    if kind == CALL_TEXT:
+        return f"{message}: call {call_id}: {text}"
     if kind == CALL:
         return f"{message}: call {call_id}"
     if kind == POSITION:

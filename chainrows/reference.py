@@ -82,10 +82,12 @@ def output_ids(record: dict) -> list:
 class Masked(Exception):
     """A §3 check failed: the rollout is masked with this detail."""
 
-    def __init__(self, detail_id: int, call: dict | None = None, position: int | None = None):
+    def __init__(self, detail_id: int, call: dict | None = None, position: int | None = None,
+                 text: str | None = None):
         self.detail_id = detail_id
         self.call_id = call["call_id"] if call is not None else None
         self.position = position
+        self.text = text
         super().__init__(self.detail)
 
     @property
@@ -94,7 +96,8 @@ class Masked(Exception):
 
     @property
     def detail(self) -> str:
-        return format_detail(self.detail_id, call_id=self.call_id, position=self.position)
+        return format_detail(self.detail_id, call_id=self.call_id, position=self.position,
+                             text=self.text)
 
 
 @dataclass
@@ -445,6 +448,10 @@ def check_13_lengths(ro: Rollout, call: dict, parent: dict | None, token_row: di
 
 
 def check_14_hash(call: dict, parent: dict | None, token_row: dict) -> None:
+    """An importer's failed integrity check (the optional ``integrity_error`` column) first, then
+    the recomputed chain hash (docs/format.md: the importer's text names the failed check)."""
+    if call.get("integrity_error") is not None:
+        raise Masked(R.D_INTEGRITY, call, text=call["integrity_error"])
     seed = 0 if parent is None else parent["chain_hash"]  # the parent's *recorded* hash
     if chain_hash(token_row.get("tokens") or [], seed) != call["chain_hash"]:
         raise Masked(R.D_HASH, call)

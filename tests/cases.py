@@ -68,9 +68,9 @@ def ok(rows=None, **report) -> Expect:
 
 
 def masked(detail_id: int, call: str | None = None, position: int | None = None, *, rows=None,
-           **report) -> Expect:
+           text: str | None = None, **report) -> Expect:
     return Expect("masked", DETAILS[detail_id][0],
-                  format_detail(detail_id, call_id=call, position=position), detail_id,
+                  format_detail(detail_id, call_id=call, position=position, text=text), detail_id,
                   rows=rows, report=report)
 
 
@@ -1073,6 +1073,44 @@ def chain0_hash_beats_chain1_missing_tokens():
     b.ledger_row("c2")["chain_hash"] ^= 1
     b.drop_tokens("c3")
     return b, {"wx": masked(R.D_HASH, "c2")}
+
+
+# Check 14, the optional ledger.integrity_error column (an importer's own failed check).
+
+@case()
+def integrity_error_on_a_selected_call():
+    b = worked_example()
+    b.ledger_row("c5")["integrity_error"] = "staging digest mismatch"
+    assert "integrity_error" not in b.ledger_row("c1")  # the others read as null
+    return b, {"wx": masked(R.D_INTEGRITY, "c5", text="staging digest mismatch")}
+
+
+@case()
+def integrity_error_on_the_rejected_retry_masks_nothing():
+    b = worked_example()
+    b.ledger_row("c4")["integrity_error"] = "chain hash mismatch"
+    return b, {"wx": ok([WX_S0, WX_S1], num_rows=2)}
+
+
+@case()
+def integrity_error_first_call_of_the_chains_wins():
+    b = worked_example()
+    b.ledger_row("c3")["integrity_error"] = "cumulative hash mismatch"
+    b.ledger_row("c2")["integrity_error"] = "extras digest mismatch"
+    return b, {"wx": masked(R.D_INTEGRITY, "c2", text="extras digest mismatch")}
+
+
+@case()
+def integrity_error_comes_before_the_chain_hash_and_after_lengths():
+    b = worked_example()
+    b.ledger_row("c2")["integrity_error"] = "staging digest mismatch"
+    b.ledger_row("c2")["chain_hash"] ^= 1
+    b.ledger_row("c1")["integrity_error"] = None
+    other = worked_example("wy")
+    other.ledger_row("c3")["integrity_error"] = "staging digest mismatch"
+    other.ledger_row("c3")["delta_len"] += 1
+    return [b, other], {"wx": masked(R.D_INTEGRITY, "c2", text="staging digest mismatch"),
+                        "wy": masked(R.D_LEN_TOKENS, "c3")}
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ CORRUPTIONS = (
     "dup_record", "tokens_only", "failed", "reward_nan", "reward_null", "reward_inf",
     "parent_missing", "parent_self", "output_extra", "output_drop", "output_swap", "empty_output",
     "terminal_random", "accepted_wrong", "accepted_extra", "no_calls", "null_lists",
+    "integrity_error",
 )
 
 
@@ -174,6 +175,8 @@ def _corrupt(rng, kind, ledger, tokens, rollouts, logprobs, accepted_col):
         ledger.clear()
     elif kind == "null_lists" and L:
         L["item_ids"] = None
+    elif kind == "integrity_error" and L:  # an importer's own check failed (NEMO_GYM digests)
+        L["integrity_error"] = rng.choice(("staging digest mismatch", "chain hash mismatch"))
 
 
 def random_dataset(seed: int, n_rollouts: int | None = None, corrupt: float = 0.5):

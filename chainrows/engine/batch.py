@@ -57,6 +57,7 @@ class Batch:
     gen_len: np.ndarray  # int64[C]
     chain_hash: np.ndarray  # uint64[C]
     failed: np.ndarray  # bool[C]
+    integrity_bad: np.ndarray  # bool[C] ledger integrity_error is not null (SPEC §3 check 14)
     dup_call_id: np.ndarray  # bool[C] a later occurrence of a call_id
     dup_response_id: np.ndarray  # bool[C] a later occurrence of a response_id
     dup_tokens: np.ndarray  # bool[C] the call has several token rows
@@ -95,7 +96,7 @@ class Batch:
         for name, n in (("has_record", R), ("dup_record", R), ("reward", R), ("reward_null", R),
                         ("group", R), ("out_ids_bad_len", R), ("terminal", R), ("has_acc", R)):
             _check_len(name, getattr(self, name), n)
-        for name in ("prev_len", "delta_len", "gen_len", "chain_hash", "failed", "dup_call_id",
+        for name in ("prev_len", "delta_len", "gen_len", "chain_hash", "failed", "integrity_bad", "dup_call_id",
                      "dup_response_id", "dup_tokens", "item_ids_bad_len", "identified",
                      "tok_start", "tok_stop", "lp_start", "lp_stop"):
             _check_len(name, getattr(self, name), C)
@@ -132,6 +133,7 @@ _DTYPES = {
     "has_acc": np.bool_, "acc_off": np.int64, "acc_call": np.int64, "cand_off": np.int64,
     "cand_len": np.int64, "cand_hash": np.uint64, "cand_call": np.int64, "parent": np.int64, "prev_len": np.int64,
     "delta_len": np.int64, "gen_len": np.int64, "chain_hash": np.uint64, "failed": np.bool_,
+    "integrity_bad": np.bool_,
     "dup_call_id": np.bool_, "dup_response_id": np.bool_, "dup_tokens": np.bool_,
     "item_ids_bad_len": np.bool_, "identified": np.bool_, "key_off": np.int64,
     "item_keys": np.uint64, "item_ids": np.int64, "tok_start": np.int64, "tok_stop": np.int64,

@@ -140,8 +140,8 @@ def decide(batch: Batch, options: Options = Options()) -> Decisions:
     need = np.zeros(C, dtype=np.uint8)
     mark_chain_calls(chunks, detail, sel_off, sel, sel_len, need)
     status = np.zeros(C, dtype=np.int32)
-    data_checks(_order_chunks(b), b.tok_order, need, b.parent, b.chain_hash, b.gen_len, b.tok_start,
-                b.tok_stop, b.tokens, b.has_logprobs, b.lp_start, b.lp_stop, b.logprobs, status)
+    data_checks(_order_chunks(b), b.tok_order, need, b.parent, b.chain_hash, b.integrity_bad, b.gen_len,
+                b.tok_start, b.tok_stop, b.tokens, b.has_logprobs, b.lp_start, b.lp_stop, b.logprobs, status)
     verify_chains(chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, b.parent,
                   b.prev_len, b.delta_len, b.gen_len, b.tok_start, b.tok_stop, b.has_logprobs,
                   b.lp_start, b.lp_stop, status)

@@ -2,8 +2,8 @@
 
 Plain-Python definition, per rollout, chains in order: walk from the chain's leaf to its root
 and require exactly the chain's calls (11); then for each call, root first: a token row (12),
-lengths (13), the XXH3-64 chain hash seeded with the parent's recorded hash (14), logprobs
-(15). The first failure is the rollout's reason.
+lengths (13), an importer's integrity_error, then the XXH3-64 chain hash seeded with the
+parent's recorded hash (14), logprobs (15). The first failure is the rollout's reason.
 
 Checks 14–15 of a call depend on that call alone (its tokens, its logprobs, its parent's
 recorded hash), so they run first in a separate pass, data_checks, over the calls the chains
@@ -20,7 +20,7 @@ from numba import prange
 from chainrows.engine._jit import jit, pjit
 from chainrows.engine.xxh3 import xxh3_64_tokens
 from chainrows.reasons import (
-    D_HASH, D_LEN_CHILD_PREV, D_LEN_GEN, D_LEN_LOGPROBS, D_LEN_ROOT_PREV, D_LEN_TOKENS,
+    D_HASH, D_INTEGRITY, D_LEN_CHILD_PREV, D_LEN_GEN, D_LEN_LOGPROBS, D_LEN_ROOT_PREV, D_LEN_TOKENS,
     D_LOGPROB_CARRY, D_LOGPROB_NONFINITE, D_MISSING_TOKENS, D_WALK_LEAVES_CHAIN,
 )
 
@@ -89,9 +89,12 @@ def _data_ranges_ok(c, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_
 
 
 @jit(inline="always")
-def _check_hash(c, parent, chain_hash, tok_start, tok_stop, tokens):
-    """Check 14. A chain's first call is always a root (the cut and the terminal walk make it so,
-    and check 11 confirms it), so the seed is 0 exactly when the call has no parent."""
+def _check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens):
+    """Check 14: the importer's integrity_error first (no hashing needed), then the chain hash.
+    A chain's first call is always a root (the cut and the terminal walk make it so, and check
+    11 confirms it), so the seed is 0 exactly when the call has no parent."""
+    if integrity_bad[c]:
+        return D_INTEGRITY
     p = parent[c]
     seed = chain_hash[p] if p >= 0 else np.uint64(0)
     if xxh3_64_tokens(tokens, tok_start[c], tok_stop[c], seed) != chain_hash[c]:
@@ -139,8 +142,8 @@ def mark_chain_calls(chunks, detail, sel_off, sel, sel_len, need):
 
 
 @pjit
-def data_checks(chunks, tok_order, need, parent, chain_hash, gen_len, tok_start, tok_stop, tokens,
-                has_logprobs, lp_start, lp_stop, logprobs, status):
+def data_checks(chunks, tok_order, need, parent, chain_hash, integrity_bad, gen_len, tok_start, tok_stop,
+                tokens, has_logprobs, lp_start, lp_stop, logprobs, status):
     """status[c] = the first failing of checks 14–15 (0: none) for every needed call whose ranges
     pass checks 12–13, calls visited as tok_order lists them; ``chunks`` splits tok_order.
 
@@ -151,7 +154,7 @@ def data_checks(chunks, tok_order, need, parent, chain_hash, gen_len, tok_start,
         for j in range(chunks[kk], chunks[kk + 1]):
             c = tok_order[j]
             if need[c] and _data_ranges_ok(c, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_stop):
-                status[c] = _check_hash(c, parent, chain_hash, tok_start, tok_stop, tokens)
+                status[c] = _check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens)
         if has_logprobs:
             for j in range(chunks[kk], chunks[kk + 1]):
                 c = tok_order[j]

@@ -32,6 +32,7 @@ class Labels:
     group_ids: pa.Array  # string[R], null when no rollouts row or a null group_id
     call_ids: pa.Array  # string[C], in batch call order
     orphan_token_rows: int  # token rows that name no ledger call
+    integrity_errors: pa.Array | None = None  # string[C] ledger integrity_error, None without the column
 
 
 def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple[Batch, Labels]:
@@ -65,7 +66,7 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         parent=calls.parent, prev_len=int64s(led["prev_len"]), delta_len=int64s(led["delta_len"]),
         gen_len=int64s(led["gen_len"]),
         chain_hash=column_values(one_chunk(led["chain_hash"]), np.uint64, "ledger", "chain_hash"),
-        failed=bools(led["failed"]), dup_call_id=calls.dup_call_id,
+        failed=bools(led["failed"]), integrity_bad=_integrity_bad(led), dup_call_id=calls.dup_call_id,
         dup_response_id=resp.dup_response_id, dup_tokens=toks.duplicated,
         item_ids_bad_len=items.item_ids_bad_len, identified=items.identified,
         key_off=items.key_off, item_keys=items.item_keys, item_ids=items.item_ids,
@@ -74,8 +75,18 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         logprobs=toks.lp_buffer,
     )
     labels = Labels(rollout_ids=ro.ids, group_ids=rew.group_ids, call_ids=one_chunk(led["call_id"]),
-                    orphan_token_rows=toks.orphan_rows)
+                    orphan_token_rows=toks.orphan_rows,
+                    integrity_errors=one_chunk(led["integrity_error"])
+                    if "integrity_error" in led.column_names else None)
     return batch, labels
+
+
+def _integrity_bad(ledger: pa.Table) -> np.ndarray:
+    """bool per call: the optional integrity_error column is present and not null there."""
+    if "integrity_error" not in ledger.column_names:
+        return np.zeros(ledger.num_rows, dtype=bool)
+    return np.ascontiguousarray(one_chunk(ledger["integrity_error"]).is_valid()
+                                .to_numpy(zero_copy_only=False), dtype=bool)
 
 
 class _Deferred:

@@ -1,8 +1,8 @@
 """Reading a SPEC §2 dataset: find the files, check types, normalize, check nulls.
 
 Every table comes out in the canonical schema of :mod:`chainrows.io.schema` (string, list,
-int64, uint64 chain_hash, ...), with the optional columns (tokens.logprobs,
-rollouts.accepted_response_ids) present iff the input has them. The single exception: a
+int64, uint64 chain_hash, ...), with the optional columns (ledger.integrity_error,
+tokens.logprobs, rollouts.accepted_response_ids) present iff the input has them. The single exception: a
 column chunk that does not fit 32-bit offsets keeps its 64-bit-offset form (``large_string``,
 ``large_list<…>`` with ``large_string`` items), for the whole column of the returned table
 (or for that batch, in :func:`iter_table_batches`). Consumers must accept both forms.
@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from chainrows.io.errors import InputError
 from chainrows.io.schema import (
     ACCEPTED_FIELD,
+    INTEGRITY_FIELD,
     LEDGER_SCHEMA,
     LOGPROBS_FIELD,
     ROLLOUTS_SCHEMA,
@@ -41,13 +42,13 @@ DEFAULT_BATCH_ROWS = 65_536
 # Per table: the canonical schema, the optional columns, the columns that may hold nulls, the
 # list columns whose *entries* may hold nulls (docs/decisions.md "Input").
 CANONICAL = {
-    "ledger": LEDGER_SCHEMA,
+    "ledger": LEDGER_SCHEMA.append(INTEGRITY_FIELD),
     "tokens": TOKENS_SCHEMA.append(LOGPROBS_FIELD),
     "rollouts": ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD),
 }
-OPTIONAL = {"ledger": (), "tokens": ("logprobs",), "rollouts": ("accepted_response_ids",)}
+OPTIONAL = {"ledger": ("integrity_error",), "tokens": ("logprobs",), "rollouts": ("accepted_response_ids",)}
 NULLABLE = {
-    "ledger": {"parent_id", "item_keys", "item_ids"},
+    "ledger": {"parent_id", "item_keys", "item_ids", "integrity_error"},
     "tokens": {"tokens", "logprobs"},
     "rollouts": {"group_id", "reward", "output_keys", "output_ids", "terminal_response_id",
                  "accepted_response_ids"},
@@ -58,8 +59,9 @@ NULL_ENTRIES_OK = {"item_ids", "output_ids", "accepted_response_ids"}
 # accepted_response_ids list keeps its own meaning and stays null.)
 NULL_LIST_IS_EMPTY = {"item_keys", "output_keys", "tokens"}
 # An optional column present in some files of a table and absent in others: these are filled
-# with nulls (a null list means "no record"); any other optional column is an InputError.
-FILL_IF_MISSING = {"accepted_response_ids"}
+# with nulls (a null list means "no record", a null integrity_error "fine"); any other
+# optional column is an InputError.
+FILL_IF_MISSING = {"accepted_response_ids", "integrity_error"}
 
 _MAX_INT64 = (1 << 63) - 1
 

@@ -64,13 +64,21 @@ def _schema_for(schema: pa.Schema, columns) -> pa.Schema:
     return pa.schema(out)
 
 
-def detail_strings(detail: np.ndarray, bad_call: np.ndarray, bad_pos: np.ndarray, call_ids: pa.Array) -> pa.Array:
-    """The human detail of every rollout (null when ok), built column-wise."""
+def detail_strings(detail: np.ndarray, bad_call: np.ndarray, bad_pos: np.ndarray, call_ids: pa.Array,
+                   integrity_errors: pa.Array | None = None) -> pa.Array:
+    """The human detail of every rollout (null when ok), built column-wise.
+    ``integrity_errors``: the ledger's integrity_error per call (details of kind CALL_TEXT)."""
     kinds = _KINDS[detail]
     msg = pc.take(_MESSAGES, pa.array(detail.astype(np.int64)))
-    names_call = kinds == reasons.CALL
-    calls = pc.take(call_ids.cast(pa.string()), pa.array(np.where(names_call, bad_call, 0), mask=~names_call))
+    names_call = (kinds == reasons.CALL) | (kinds == reasons.CALL_TEXT)
+    call_idx = pa.array(np.where(names_call, bad_call, 0), mask=~names_call)
+    calls = pc.take(call_ids.cast(pa.string()), call_idx)
     with_call = pc.binary_join_element_wise(msg, calls, ": call ")
+    with_text = kinds == reasons.CALL_TEXT
+    if integrity_errors is not None and with_text.any():
+        text = pc.take(integrity_errors.cast(pa.string()), call_idx)
+        with_call = pc.if_else(pa.array(with_text), pc.binary_join_element_wise(with_call, text, ": "),
+                               with_call)
     pos = pc.cast(pa.array(bad_pos), pa.string())
     with_pos = pc.binary_join_element_wise(msg, pos, " output position ")
     out = pc.if_else(pa.array(names_call), with_call,
@@ -90,7 +98,7 @@ def report_table(dec: Decisions, rows: RowArrays, labels: Labels, call_off: np.n
         labels.group_ids.cast(pa.string()),
         pa.array(np.where(ok, "ok", "masked")).cast(pa.string()),
         reason,
-        detail_strings(dec.detail, dec.bad_call, dec.bad_pos, labels.call_ids),
+        detail_strings(dec.detail, dec.bad_call, dec.bad_pos, labels.call_ids, labels.integrity_errors),
         pa.array(num_rows),
         pa.array(np.diff(call_off).astype(np.int64)),
         pa.array(dec.num_selected.astype(np.int64)),

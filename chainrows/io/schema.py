@@ -20,6 +20,8 @@ LEDGER_SCHEMA = pa.schema(
     ]
 )
 
+INTEGRITY_FIELD = pa.field("integrity_error", pa.string())  # optional ledger column (SPEC §2)
+
 TOKENS_SCHEMA = pa.schema(
     [
         ("rollout_id", pa.string()),
@@ -84,19 +86,24 @@ def rows_schema(with_logprobs: bool) -> pa.Schema:
     return ROWS_SCHEMA.remove(ROWS_SCHEMA.get_field_index("logprobs"))
 
 
-def tables_from_pylists(ledger, tokens, rollouts, *, logprobs=None, accepted=None):
+def tables_from_pylists(ledger, tokens, rollouts, *, logprobs=None, accepted=None, integrity=None):
     """Build SPEC §2 Arrow tables from lists of dicts (tests, notebooks, the reference).
 
     ``logprobs``/``accepted``: include the optional column; None infers it from the first dict.
+    ``integrity``: include ledger.integrity_error; None: iff some ledger dict has that key.
     """
+    ledger = list(ledger)
+    if integrity is None:
+        integrity = any("integrity_error" in row for row in ledger)
     if logprobs is None:
         logprobs = bool(tokens) and "logprobs" in tokens[0]
     if accepted is None:
         accepted = bool(rollouts) and "accepted_response_ids" in rollouts[0]
     tok_schema = TOKENS_SCHEMA.append(LOGPROBS_FIELD) if logprobs else TOKENS_SCHEMA
     ro_schema = ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD) if accepted else ROLLOUTS_SCHEMA
+    led_schema = LEDGER_SCHEMA.append(INTEGRITY_FIELD) if integrity else LEDGER_SCHEMA
     return (
-        pa.Table.from_pylist(list(ledger), schema=LEDGER_SCHEMA),
+        pa.Table.from_pylist(ledger, schema=led_schema),
         pa.Table.from_pylist(list(tokens), schema=tok_schema),
         pa.Table.from_pylist(list(rollouts), schema=ro_schema),
     )
