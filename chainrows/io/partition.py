@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, fnv1a_strings
 from chainrows.io.arrays import FirstValue, one_chunk
-from chainrows.io.dataset import TABLES, iter_table_batches, table_schema
+from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_schema
 from chainrows.io.errors import InputError
 from chainrows.io.memory import release_memory
 
@@ -127,6 +128,13 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
             _write_part(d / name / _part_name(0), schema, [])
         buffers: list[list[pa.Table]] = [[] for _ in dirs]
         state = {"bytes": 0, "part": 1}
+        # The bar's total is the footers' uncompressed bytes (what the planner sizes a run by),
+        # while Arrow batches hold more (offsets, validity): advance by each batch's share of
+        # its table's footer bytes, so the bar ends exactly at its total, never past it.
+        footers = [pq.ParquetFile(f).metadata for f in table_files(dataset_dir, name)]
+        table_rows = sum(md.num_rows for md in footers)
+        table_bytes = sum(md.row_group(i).total_byte_size for md in footers for i in range(md.num_row_groups))
+        rows_seen = bytes_shown = 0
 
         def flush():
             for b, tables in enumerate(buffers):
@@ -146,7 +154,10 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
                 buffers[b].append(sorted_batch.slice(cuts[b], cuts[b + 1] - cuts[b]))
             state["bytes"] += sorted_batch.nbytes
             if progress is not None:
-                progress.advance(batch.nbytes)
+                rows_seen += batch.num_rows
+                step = table_bytes * rows_seen // max(table_rows, 1) - bytes_shown
+                progress.advance(step)
+                bytes_shown += step
             del batch, sorted_batch
             if state["bytes"] >= buffer_bytes:
                 flush()
