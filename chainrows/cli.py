@@ -1,7 +1,10 @@
 """The ``chainrows`` command line: reassemble, synth, import-jsonl, stats (SPEC §7).
 
 Exit codes: 0 ran (masked rollouts included), 2 unusable input or bad arguments, 1 an internal
-error (one line; set CHAINROWS_DEBUG=1 for the traceback), 130 interrupted.
+error (one line; set CHAINROWS_DEBUG=1 for the traceback), 130 interrupted. Every command that
+writes follows one overwrite policy (chainrows.io.write.check_destination): an OUT holding a
+complete result is refused unless ``--overwrite``; what an interrupted run left is resumed or
+replaced; OUT and the input never nest.
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ import sys
 import time
 
 from chainrows import options
+
+DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
+EPILOG = ("exit codes: 0 ran (masked rollouts included), 2 unusable input or arguments (one line), "
+          "1 internal error (CHAINROWS_DEBUG=1 shows the traceback), 130 interrupted. "
+          "The input format is docs/format.md, the reason codes docs/reasons.md.")
+COMPILING = "compiling kernels (first run; later runs load them from the cache)..."
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
@@ -60,29 +69,59 @@ def _rate(text: str) -> float:
     return value
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless the help already names it or there is
+    none worth naming (a flag that is off unless given, an unset value)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False or not action.option_strings:
+            return text
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (exit 2), like every other error."""
+    """argparse, but a usage error is one line on stderr (exit 2), like every other error, and
+    points at the help of the (sub)command it belongs to."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
-        self.exit(2, f"chainrows: error: {' '.join(message.split())} (see chainrows --help)\n")
+        self.exit(2, f"chainrows: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def _usage_error(a, message: str):
+    """A usage error found after parsing (a combination argparse cannot reject): exit 2."""
+    _Parser(prog=f"chainrows {a.command}").error(message)
+
+
+_OVERWRITE_HELP = "replace the result OUT already holds (without it such an OUT is refused)"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="chainrows", description=__doc__.splitlines()[0])
+    p = _Parser(prog="chainrows", description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
-    r = sub.add_parser("reassemble", help="dataset -> OUT/rows.parquet + OUT/report.parquet")
-    r.add_argument("dataset")
-    r.add_argument("out")
+    r = sub.add_parser("reassemble", help="a dataset -> OUT/rows.parquet (training rows) + OUT/report.parquet",
+                       description="Reassemble a dataset (docs/format.md) into training rows "
+                                   "(OUT/rows.parquet) and one report row per rollout "
+                                   "(OUT/report.parquet).", epilog=EPILOG)
+    r.add_argument("dataset", help="dataset directory: ledger, tokens and rollouts tables")
+    r.add_argument("out", help="output directory (created if missing)")
     _reassemble_options(r)
 
     from chainrows.synth.params import DEFAULTS as synth_defaults  # light: no numpy or pyarrow
 
-    s = sub.add_parser("synth", help="write a synthetic SPEC §2 dataset")
-    s.add_argument("out")
-    s.add_argument("--rollouts", type=_positive, default=1000)
-    s.add_argument("--seed", type=int, default=0)
+    s = sub.add_parser("synth", help="write a synthetic dataset (simulated agent harnesses)",
+                       description="Write a synthetic dataset (docs/format.md) of simulated agent "
+                                   "harnesses: compactions, rejected retries, GRPO groups and a share "
+                                   "of corrupt rollouts covering every reason code.", epilog=EPILOG)
+    s.add_argument("out", help="output directory (created if missing)")
+    s.add_argument("--rollouts", type=_positive, default=1000, help="rollouts to write")
+    s.add_argument("--seed", type=int, default=0, help="the same seed writes the same bytes")
     s.add_argument("--group-size", type=_at_least_one, default=synth_defaults.group_size,
                    help=f"rollouts per GRPO group (default {synth_defaults.group_size})")
     s.add_argument("--compaction-rate", type=_rate, default=synth_defaults.compaction_rate,
@@ -94,50 +133,66 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--mean-gen-tokens", type=_at_least_one, default=synth_defaults.mean_gen_tokens,
                    help=f"mean generated tokens per call (default {synth_defaults.mean_gen_tokens})")
     s.add_argument("--worker-rate", type=_rate, default=synth_defaults.worker_rate,
-                   help="share of rollouts whose sub-agent workers interleave (SPEC §3.1; "
-                        f"default {synth_defaults.worker_rate})")
+                   help="share of rollouts whose sub-agent workers interleave their calls "
+                        f"(kept by --plan forest; default {synth_defaults.worker_rate})")
     s.add_argument("--fork-rate", type=_rate, default=synth_defaults.fork_rate,
-                   help="share of rollouts where two branches continue one call (SPEC §3.1; "
-                        f"default {synth_defaults.fork_rate}); with --worker-rate at most 1")
-    s.add_argument("--no-logprobs", action="store_true")
+                   help="share of rollouts where two branches continue one call (kept by --plan "
+                        f"forest; default {synth_defaults.fork_rate}); with --worker-rate at most 1")
+    s.add_argument("--no-logprobs", action="store_true", help="write no logprobs column")
     s.add_argument("--workers", type=_positive, default=1, help="generator processes (0: one per core; default 1)")
-    s.add_argument("--overwrite", action="store_true", help="replace an existing dataset in OUT")
+    s.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
 
-    j = sub.add_parser("import-jsonl", help="raw JSON Lines (docs/jsonl.md) -> SPEC §2 dataset")
-    j.add_argument("ledger")
-    j.add_argument("tokens")
-    j.add_argument("results")
-    j.add_argument("out")
+    j = sub.add_parser("import-jsonl", help="raw JSON Lines (docs/jsonl.md) -> a dataset",
+                       description="Turn three JSON Lines files (docs/jsonl.md) into a dataset "
+                                   "(docs/format.md) that reassemble reads.", epilog=EPILOG)
+    j.add_argument("ledger", help="one JSON object per model call")
+    j.add_argument("tokens", help="one JSON object per call: its delta tokens (and logprobs)")
+    j.add_argument("results", help="one JSON object per rollout: group, reward, final output")
+    j.add_argument("out", help="output dataset directory (created if missing)")
+    j.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
 
     st = sub.add_parser("stats", help="what a dataset holds, and what cc (linear and forest plan) recovers "
-                                      "over ordinary capture")
-    st.add_argument("dataset")
-    st.add_argument("--memory-budget", type=parse_size, default=None)
-    st.add_argument("--threads", type=_at_least_one, default=None)
-    st.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+                                      "over ordinary capture",
+                        description="Reassemble a dataset three ways (ordinary, cc linear, cc forest) "
+                                    "into a temporary directory and compare what each keeps.",
+                        epilog=EPILOG)
+    st.add_argument("dataset", help="dataset directory: ledger, tokens and rollouts tables")
+    _run_options(st)
     return p
 
 
 def _reassemble_options(r):
-    r.add_argument("--mode", choices=options.MODES, default="cc")
+    r.add_argument("--mode", choices=options.MODES, default="cc",
+                   help="cc: train the calls the final output names, a new row at every root "
+                        "(compactions kept); ordinary: one chain back from the terminal call, as "
+                        "plain capture gives")
     r.add_argument("--plan", choices=options.PLANS, default="linear",
                    help="cc: how accepted calls become rows: linear (one chain per root) or forest "
-                        "(one row per endpoint, shared calls trained once; SPEC §3.1) (default: linear)")
+                        "(one row per endpoint, shared calls trained once)")
     r.add_argument("--placeholders", action="store_true",
                    help="write one zero-weight placeholder row per masked rollout")
-    r.add_argument("--baseline", choices=options.BASELINES, default="mean")
+    r.add_argument("--baseline", choices=options.BASELINES, default="mean",
+                   help="GRPO baseline: the group's mean reward, or leave-one-out (loo)")
     r.add_argument("--no-std", action="store_true", help="A = r - baseline (no std division)")
-    r.add_argument("--baseline-population", choices=options.POPULATIONS, default="all")
-    r.add_argument("--row-weight", choices=options.ROW_WEIGHTS, default="rollout")
-    r.add_argument("--memory-budget", type=parse_size, default=None,
-                   help="peak memory to stay under, e.g. 4GiB (default 4GiB)")
+    r.add_argument("--baseline-population", choices=options.POPULATIONS, default="all",
+                   help="rollouts the baseline is taken over: all with a finite reward, or ok ones only")
+    r.add_argument("--row-weight", choices=options.ROW_WEIGHTS, default="rollout",
+                   help="rollout: 1 / rows of the rollout (each rollout counts once); row: 1.0")
     r.add_argument("--buckets", type=_at_least_one, default=None, help=argparse.SUPPRESS)
     r.add_argument("--steps", type=_at_least_one, default=None, help=argparse.SUPPRESS)
     r.add_argument("--resume", action="store_true",
-                   help="reuse finished partitions of an interrupted run into the same OUT")
+                   help="reuse the finished work an interrupted run of the same dataset and options "
+                        "left in OUT/.chainrows-work")
+    r.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+    _run_options(r)
+
+
+def _run_options(r):
+    r.add_argument("--memory-budget", type=parse_size, default=None,
+                   help="peak memory of the whole process to stay under, e.g. 512MiB (default 4GiB)")
     r.add_argument("--threads", type=_at_least_one, default=None, help="kernel threads (default: all cores)")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+                   help="progress bars and notes on stderr (default: when stderr is a terminal)")
 
 
 def _options(a) -> options.Options:
@@ -146,7 +201,7 @@ def _options(a) -> options.Options:
                                baseline=a.baseline, no_std=a.no_std,
                                baseline_population=a.baseline_population, row_weight=a.row_weight)
     except ValueError as exc:  # a combination argparse cannot reject (--plan forest --mode ordinary)
-        _Parser(prog="chainrows").error(str(exc))
+        _usage_error(a, str(exc))
 
 
 def _forced_route(a):
@@ -168,23 +223,115 @@ def _set_threads(n):
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
+class _CompileNotice:
+    """While installed, says COMPILING once on stderr (under the progress bars' rule: a
+    terminal, unless ``--progress``/``--no-progress``) when Numba starts compiling a kernel,
+    i.e. only on a cold or stale kernel cache: loading cached kernels raises no compile event.
+    ``seconds``: time spent compiling (outermost compiles only)."""
+
+    def __init__(self, enabled: bool | None):
+        from numba.core import event
+
+        class Listener(event.Listener):
+            def on_start(_, ev):
+                self._depth += 1
+                if self._depth == 1:
+                    self._t0 = time.perf_counter()
+                    if not self.said:
+                        from chainrows.progress import Progress
+
+                        self.said = True
+                        Progress.say(COMPILING, enabled=self.enabled)
+
+            def on_end(_, ev):
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - self._t0
+
+        self.enabled, self.said, self.seconds = enabled, False, 0.0
+        self._depth, self._t0 = 0, 0.0
+        self._cm = event.install_listener("numba:compile", Listener())
+
+    def __enter__(self) -> "_CompileNotice":
+        self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def _wrote(out, names) -> str:
+    """``OUT/rows.parquet (5.1 MB), OUT/report.parquet (20 KB)``: the outputs ``names`` as they
+    now are in ``out`` (a ``<name>/`` directory of parts counted whole)."""
+    from pathlib import Path
+
+    from chainrows.progress import human_bytes
+
+    parts = []
+    for name in names:
+        for path in (Path(out) / f"{name}.parquet", Path(out) / name):
+            if path.exists():
+                parts.append(f"{path}{'/' if path.is_dir() else ''} ({human_bytes(_size(path))})")
+                break
+    return ", ".join(parts)
+
+
+def _size(path) -> int:
+    """Bytes of a file, or of every file under a directory."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _resuming(a) -> bool:
+    """--resume with finished work of an interrupted run in OUT: that run may have been
+    replacing a complete result, which the resumed run goes on replacing."""
+    from chainrows.bulk.job import WORK_DIR
+
+    return a.resume and os.path.isdir(os.path.join(a.out, WORK_DIR))
+
+
 def cmd_reassemble(a) -> int:
     from chainrows import bulk
+    from chainrows.io.write import OUTPUT_NAMES, check_destination
 
+    opts = _options(a)
+    check_destination(a.out, OUTPUT_NAMES, inputs=[a.dataset], overwrite=a.overwrite or _resuming(a))
     _set_threads(a.threads)
-    summary = bulk.run(a.dataset, a.out, _options(a), memory_budget=a.memory_budget or bulk.DEFAULT_BUDGET,
-                       route=_forced_route(a), resume=a.resume, progress=a.progress)
+    with _CompileNotice(a.progress):
+        summary = bulk.run(a.dataset, a.out, opts, memory_budget=a.memory_budget or bulk.DEFAULT_BUDGET,
+                           route=_forced_route(a), resume=a.resume, progress=a.progress)
     print(f"chainrows reassemble ({a.mode}) {a.dataset} -> {a.out}")
+    print(f"wrote {_wrote(a.out, OUTPUT_NAMES)}")
     print(summary.format())
     return 0
 
 
+def _synth_masks(kinds: dict) -> str:
+    """What the corruptions of a synth run do: each kind triggers its reason in one mode
+    (chainrows.synth.CORRUPT_TARGETS); the ordinary-mode kinds are clean in cc mode, except
+    walk_mismatch, which cc masks as broken_chain."""
+    from chainrows.synth import CORRUPT_TARGETS
+
+    ordinary = {k: n for k, n in kinds.items() if CORRUPT_TARGETS[k][0] == "ordinary"}
+    clean_in_cc = {k: n for k, n in ordinary.items() if k != "walk_mismatch"}
+    cc = sum(kinds.values()) - sum(clean_in_cc.values())
+    text = f"{cc:,} masked in cc mode"
+    if clean_in_cc:
+        text += (f", {sum(clean_in_cc.values()):,} only in --mode ordinary ("
+                 + ", ".join(f"{k} {n:,}" for k, n in sorted(clean_in_cc.items())) + ")")
+    return text
+
+
 def cmd_synth(a) -> int:
+    from chainrows.io.dataset import TABLES
+    from chainrows.io.write import check_destination
     from chainrows.progress import human_bytes
     from chainrows.synth import write_synth_dataset
 
     if a.worker_rate + a.fork_rate > 1.0:
-        _Parser(prog="chainrows").error("--worker-rate plus --fork-rate must be at most 1")
+        _usage_error(a, "--worker-rate plus --fork-rate must be at most 1")
+    check_destination(a.out, TABLES, overwrite=a.overwrite)
     t0 = time.perf_counter()
     info = write_synth_dataset(a.out, a.rollouts, a.seed, group_size=a.group_size,
                                compaction_rate=a.compaction_rate, retry_rate=a.retry_rate,
@@ -194,7 +341,12 @@ def cmd_synth(a) -> int:
                                overwrite=a.overwrite)
     dt = time.perf_counter() - t0
     print(f"chainrows synth -> {a.out}")
-    for k in ("rollouts", "corrupt", "calls", "tokens"):
+    print(f"wrote {_wrote(a.out, TABLES)}")
+    print(f"{'rollouts':<10} {info['rollouts']:,}")
+    print(f"{'corrupt':<10} {info['corrupt']:,}" + (f": {_synth_masks(info['kinds'])}" if info["corrupt"] else ""))
+    if a.worker_rate or a.fork_rate:
+        print(f"{'':<10} workers and forks: broken_chain under --plan linear, ok under --plan forest")
+    for k in ("calls", "tokens"):
         print(f"{k:<10} {info[k]:,}")
     print(f"{'size':<10} {human_bytes(info['bytes'])}")
     print(f"{'time':<10} {dt:.2f} s")
@@ -202,13 +354,16 @@ def cmd_synth(a) -> int:
 
 
 def cmd_import_jsonl(a) -> int:
+    from chainrows.io.dataset import TABLES
     from chainrows.io.jsonl import import_jsonl
-    from chainrows.io.write import write_dataset_atomic
+    from chainrows.io.write import check_destination, write_dataset_atomic
 
+    check_destination(a.out, TABLES, inputs=[a.ledger, a.tokens, a.results], overwrite=a.overwrite)
     t0 = time.perf_counter()
     ledger, tokens, rollouts = import_jsonl(a.ledger, a.tokens, a.results)
     write_dataset_atomic(a.out, ledger, tokens, rollouts)
     print(f"chainrows import-jsonl -> {a.out}")
+    print(f"wrote {_wrote(a.out, TABLES)}")
     print(f"{'rollouts':<10} {rollouts.num_rows:,}\n{'calls':<10} {ledger.num_rows:,}\n"
           f"{'tokens':<10} {tokens.num_rows:,} rows\n{'time':<10} {time.perf_counter() - t0:.2f} s")
     return 0
@@ -221,7 +376,7 @@ def cmd_stats(a) -> int:
 
     _set_threads(a.threads)
     budget = a.memory_budget or bulk.DEFAULT_BUDGET
-    with tempfile.TemporaryDirectory(prefix="chainrows-stats-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="chainrows-stats-") as tmp, _CompileNotice(a.progress):
         cc = bulk.run(a.dataset, os.path.join(tmp, "cc"), options.Options(mode="cc"), memory_budget=budget,
                       progress=a.progress)
         od = bulk.run(a.dataset, os.path.join(tmp, "ordinary"), options.Options(mode="ordinary"),
@@ -255,6 +410,7 @@ COMMANDS = {"reassemble": cmd_reassemble, "synth": cmd_synth, "import-jsonl": cm
 
 
 def main(argv=None) -> int:
+    """Run one command; returns its exit code (0, 1, 2 or 130, see the module docstring)."""
     args = _parser().parse_args(argv)
     if args.version:
         from chainrows import __version__
@@ -266,26 +422,60 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     from chainrows.io.errors import InputError
+    from chainrows.io.write import OutputExistsError
 
+    out = getattr(args, "out", None)
+    fresh = out is not None and not os.path.lexists(out)  # an OUT this run makes
+    rc = 1
     try:
-        return COMMANDS[args.command](args)
+        rc = COMMANDS[args.command](args)
+        return rc
     except InputError as exc:
         print(f"chainrows: error: {exc}", file=sys.stderr)
-        return 2
+        rc = 2
+    except OutputExistsError as exc:
+        print(f"chainrows: error: output {exc.out_dir} already holds a complete result "
+              f"({exc.marker.name}): pass --overwrite to replace it, or choose another OUT", file=sys.stderr)
+        rc = 2
     except OSError as exc:  # a path we cannot read or write: unusable input/output location
         where = f": {exc.filename}" if exc.filename else ""
-        hint = " (use --overwrite)" if args.command == "synth" and isinstance(exc, FileExistsError) else ""
-        print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}{hint}", file=sys.stderr)
-        return 2
+        print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}", file=sys.stderr)
+        rc = 2
     except KeyboardInterrupt:
-        print("chainrows: interrupted; no output written", file=sys.stderr)
-        return 130
+        print(f"chainrows: interrupted; no output written{_left_behind(args)}", file=sys.stderr)
+        rc = 130
     except Exception as exc:  # one line, never a traceback at the CLI
         if os.environ.get("CHAINROWS_DEBUG"):
             raise
         msg = " ".join(str(exc).split())
         print(f"chainrows: internal error: {type(exc).__name__}: {msg}", file=sys.stderr)
-        return 1
+        rc = 1
+    finally:
+        if rc != 0 and fresh:
+            _remove_if_empty(out)
+    return rc
+
+
+def _left_behind(a) -> str:
+    """For the interrupted message: the finished work a rerun with --resume reuses."""
+    if a.command != "reassemble":
+        return ""
+    from chainrows.bulk.job import WORK_DIR
+    from chainrows.progress import human_bytes
+
+    work = os.path.join(a.out, WORK_DIR)
+    if not os.path.isdir(work):
+        return ""
+    return (f"; {work} keeps {human_bytes(_size(work))} of finished work: run the same command "
+            f"with --resume to reuse it, or delete it")
+
+
+def _remove_if_empty(path) -> None:
+    """A failed or interrupted run leaves no empty OUT of its own making behind."""
+    try:
+        os.rmdir(path)
+    except OSError:  # not empty (e.g. work kept for --resume), or gone
+        pass
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def test_failed_run_keeps_previous_outputs(cli, good, tmp_path):
     assert_ran(cli.run("reassemble", good, out))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     (good / "ledger.parquet").write_bytes(b"")
-    assert_clean_error(cli.run("reassemble", good, out), "error: ledger: ")
+    assert_clean_error(cli.run("reassemble", good, out, "--overwrite"), "error: ledger: ")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
@@ -267,6 +267,206 @@ def test_version_and_help(cli):
     assert res.rc == 0 and "--mode" in res.stdout and res.stderr == ""
 
 
+SUBCOMMAND_ERRORS = [
+    ["reassemble", "{data}", "{out}", "--mode", "foo"],
+    ["reassemble", "{data}", "{out}", "--plan", "forest", "--mode", "ordinary"],
+    ["reassemble", "{data}"],
+    ["synth", "{out}", "--corrupt-rate", "2"],
+    ["synth", "{out}", "--worker-rate", "0.6", "--fork-rate", "0.6"],
+    ["import-jsonl", "a", "b"],
+    ["stats", "{data}", "--threads", "0"],
+]
+
+
+@pytest.mark.parametrize("argv", SUBCOMMAND_ERRORS, ids=lambda a: " ".join(a))
+def test_usage_errors_point_at_the_subcommands_help(cli, good, tmp_path, argv):
+    res = cli.run(*[a.format(data=good, out=tmp_path / "out") for a in argv])
+    assert res.rc == 2
+    assert _one_line(res).endswith(f"(see chainrows {argv[0]} --help)"), res.stderr
+
+
+def _subparsers():
+    from chainrows.cli import _parser
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return parser, sub.choices
+
+
+def test_every_option_has_help_and_shows_its_default():
+    """Each option of each subcommand is explained, and one with a value by default names it."""
+    import argparse
+
+    parser, commands = _subparsers()
+    assert {"reassemble", "synth", "import-jsonl", "stats"} <= set(commands)
+    for name, sub in commands.items():
+        text = "".join(sub.format_help().split())  # argparse wraps lines, also at hyphens
+        for action in sub._actions:
+            if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"{name} {action.option_strings or action.dest}: no help"
+            if action.option_strings and action.default not in (None, False):
+                shown = sub._get_formatter()._get_help_string(action) % {"default": action.default}
+                assert "default" in shown and str(action.default) in " ".join(shown.split()), (name, action.dest)
+                assert "".join(shown.split()) in text, (name, action.dest)
+    top = parser.format_help()
+    for name, sub in [("chainrows", parser), *commands.items()]:
+        body = sub.format_help()
+        assert "``" not in body and "SPEC" not in body and ":class:" not in body, (name, body)
+    assert "usage: chainrows" in top
+
+
+# ----------------------------------------------------------------------------- one overwrite policy
+
+def _outputs(out: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
+
+
+def _writers(good, tmp_path):
+    """Each command that writes, as argv without OUT and the outputs it commits."""
+    from test_jsonl import _doc_files
+
+    files = _doc_files(tmp_path)
+    return {
+        "reassemble": (["reassemble", str(good)], ["rows.parquet", "report.parquet"]),
+        "synth": (["synth", "--rollouts", "8"], ["ledger.parquet", "tokens.parquet", "rollouts.parquet"]),
+        "import-jsonl": (["import-jsonl", str(files["ledger"]), str(files["tokens"]), str(files["results"])],
+                         ["ledger.parquet", "tokens.parquet", "rollouts.parquet"]),
+    }
+
+
+@pytest.mark.parametrize("command", ["reassemble", "synth", "import-jsonl"])
+def test_a_complete_result_is_refused_without_overwrite(cli, good, tmp_path, command):
+    argv, names = _writers(good, tmp_path)[command]
+    out = tmp_path / "out"
+    assert_ran(cli.run(*argv, out))
+    assert sorted(_outputs(out)) == sorted(names)
+    before = _outputs(out)
+    (out / "mine.txt").write_text("kept")
+    line = assert_clean_error(cli.run(*argv, out), str(out), "--overwrite", names[-1])
+    assert "Traceback" not in line and _outputs(out) == {**before, "mine.txt": b"kept"}
+    assert_ran(cli.run(*argv, out, "--overwrite"))
+    assert sorted(_outputs(out)) == sorted([*names, "mine.txt"])
+
+
+@pytest.mark.parametrize("command", ["reassemble", "synth", "import-jsonl"])
+def test_what_an_interrupted_run_left_is_never_a_reason_to_refuse(cli, good, tmp_path, command):
+    """An empty OUT, a staging dir of a dead run, finished work for --resume, a rows table
+    committed without its report: all replaced by a plain run, no --overwrite needed."""
+    from chainrows.bulk.job import WORK_DIR
+    from chainrows.io.write import TMP_PREFIX
+
+    argv, names = _writers(good, tmp_path)[command]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f"{TMP_PREFIX}999999999-dead").mkdir()
+    (out / WORK_DIR).mkdir()
+    (out / WORK_DIR / "manifest.json").write_text("{}")
+    (out / names[0]).write_bytes(b"half")  # committed before the crash; its marker was not
+    assert_ran(cli.run(*argv, out))
+    assert sorted(_outputs(out)) == sorted(names)
+    assert (out / names[0]).read_bytes() != b"half"
+    assert not any(p.name.startswith(TMP_PREFIX) for p in out.iterdir())
+
+
+@pytest.mark.parametrize("where", ["same", "out inside data", "data inside out"])
+def test_output_never_goes_into_the_input(cli, tmp_path, where):
+    root = tmp_path / "root"
+    data, out = {"same": (root, root), "out inside data": (root, root / "out"),
+                 "data inside out": (root / "data", root)}[where]
+    write_dir(data, _tables())
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for extra in ([], ["--overwrite"]):
+        line = assert_clean_error(cli.run("reassemble", data, out, *extra), str(out), str(data))
+        assert "input" in line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_import_jsonl_never_writes_over_its_input(cli, tmp_path):
+    from test_jsonl import _doc_files
+
+    files = _doc_files(tmp_path)
+    before = files["ledger"].read_bytes()
+    assert_clean_error(cli.run("import-jsonl", files["ledger"], files["tokens"], files["results"],
+                               files["ledger"], "--overwrite"), "is the input", str(files["ledger"]))
+    assert files["ledger"].read_bytes() == before
+
+
+def test_resume_continues_an_interrupted_overwrite(cli, good, tmp_path):
+    """A run replacing a complete result, interrupted with its work kept, resumes under
+    --resume without --overwrite (the replacing was asked for already)."""
+    from chainrows.bulk.job import WORK_DIR
+
+    out = tmp_path / "out"
+    assert_ran(cli.run("reassemble", good, out))
+    assert_clean_error(cli.run("reassemble", good, out, "--resume"), "--overwrite")
+    (out / WORK_DIR).mkdir()
+    assert_ran(cli.run("reassemble", good, out, "--resume", "--buckets", "2"))
+    assert not (out / WORK_DIR).exists()
+
+
+def test_a_failed_run_leaves_no_empty_out_of_its_making(cli, tmp_path):
+    out = tmp_path / "new"
+    res = cli.run("reassemble", tmp_path / "nope", out)
+    assert_clean_error(res, "nope")
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- what a run says
+
+def test_summary_names_the_files_and_counts_placeholders(cli, tmp_path):
+    t = _tables()
+    t["ledger"] = _set(t["ledger"], "failed", pa.array([r == "solo" for r in t["ledger"]["rollout_id"].to_pylist()]))
+    data = write_dir(tmp_path / "data", t)
+    out = tmp_path / "out"
+    res = cli.run("reassemble", data, out, "--placeholders")
+    assert_ran(res)
+    rows, report = read_output(out)
+    trained = sum(report.column("num_rows").to_pylist())
+    placeholders = rows.num_rows - trained
+    assert placeholders == 1 and trained == 3  # wx has two chains, sc one; solo is masked
+    line = next(l for l in res.stdout.splitlines() if l.startswith("rows "))
+    assert line.split(None, 1)[1] == f"{rows.num_rows} ({trained} trained, {placeholders} placeholders)"
+    wrote = next(l for l in res.stdout.splitlines() if l.startswith("wrote "))
+    assert f"{out / 'rows.parquet'} (" in wrote and f"{out / 'report.parquet'} (" in wrote
+
+
+def test_partition_bar_never_passes_its_total(cli, good, tmp_path):
+    import re
+
+    res = cli.run("reassemble", good, tmp_path / "out", "--buckets", "2", "--progress")
+    assert res.rc == 0, res
+    bars = [l for l in re.split(r"[\r\n]", res.stderr) if l.startswith("partition")]
+    assert bars, res.stderr
+    units = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+    for bar in bars:
+        m = re.search(r"([\d.]+) (\w+) / ([\d.]+) (\w+)", bar)
+        done, total = float(m[1]) * units[m[2]], float(m[3]) * units[m[4]]
+        assert done <= total, bar
+    assert "100.0%" in bars[-1] and m[1] == m[3] and m[2] == m[4], bars[-1]
+
+
+def test_compile_notice_only_while_numba_compiles(capsys):
+    """The notice hangs on Numba's compile event: said once when a kernel compiles, never when
+    every kernel is loaded already (here: a fresh tiny function, then the same one again)."""
+    import numba
+
+    from chainrows.cli import COMPILING, _CompileNotice
+
+    f = numba.njit(lambda x: x + 1)
+    with _CompileNotice(enabled=True) as notice:
+        assert f(1) == 2
+        f(2.5)  # a second signature compiles too, but the notice is said once
+    assert capsys.readouterr().err == COMPILING + "\n" and notice.seconds > 0
+    with _CompileNotice(enabled=True) as notice:
+        assert f(3) == 4
+    assert capsys.readouterr().err == "" and notice.seconds == 0
+    g = numba.njit(lambda x: x - 1)
+    with _CompileNotice(enabled=False):
+        assert g(1) == 0
+    assert capsys.readouterr().err == ""
+
+
 # ----------------------------------------------------------------------------- outputs
 
 def test_output_under_a_file(cli, good, tmp_path):
@@ -279,7 +479,7 @@ def test_output_under_a_file(cli, good, tmp_path):
 def test_output_is_a_file(cli, good, tmp_path):
     (tmp_path / "f").write_text("x")
     line = assert_clean_error(cli.run("reassemble", good, tmp_path / "f"), str(tmp_path / "f"))
-    assert "--overwrite" not in line, "reassemble has no --overwrite option"
+    assert "--overwrite" not in line, "a file is not a result: --overwrite would not help"
     assert (tmp_path / "f").read_text() == "x"
 
 

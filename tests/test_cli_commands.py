@@ -23,6 +23,47 @@ def test_synth_refuses_to_overwrite_without_flag(data, capsys):
     assert len(err) == 1 and "--overwrite" in err[0]
 
 
+def test_synth_says_what_its_corruptions_do(tmp_path, capsys):
+    """synth's count of corruptions that cc mode masks is what reassemble then masks."""
+    data = tmp_path / "ds"
+    assert main(["synth", str(data), "--rollouts", "200", "--seed", "3", "--corrupt-rate", "0.5"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("corrupt"))
+    corrupt, rest = line.split(None, 1)[1].split(": ", 1)
+    in_cc = int(rest.split(" masked in cc mode")[0].replace(",", ""))
+    only_ordinary = int(rest.split(", ", 1)[1].split(" only in --mode ordinary")[0].replace(",", ""))
+    assert in_cc + only_ordinary == int(corrupt.replace(",", "")) and only_ordinary > 0
+    assert main(["reassemble", str(data), str(tmp_path / "out")]) == 0
+    report = pq.read_table(tmp_path / "out" / "report.parquet")
+    assert sum(s == "masked" for s in report["status"].to_pylist()) == in_cc
+
+
+@pytest.mark.parametrize("work_bytes", [0, 1500])
+def test_interrupted_run_says_what_it_left(tmp_path, capsys, monkeypatch, work_bytes):
+    """Ctrl-C: exit 130, one line; finished work in OUT/.chainrows-work is named with its size
+    and --resume; an OUT the run created and left empty is removed."""
+    from chainrows import bulk
+    from chainrows.bulk.job import WORK_DIR
+
+    out = tmp_path / "out"
+
+    def interrupted(dataset, out_dir, *args, **kwargs):
+        (out / WORK_DIR).mkdir(parents=True) if work_bytes else out.mkdir()
+        if work_bytes:
+            (out / WORK_DIR / "bucket").write_bytes(b"x" * work_bytes)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bulk, "run", interrupted)
+    data = tmp_path / "data"
+    data.mkdir()
+    assert main(["reassemble", str(data), str(out)]) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("chainrows: interrupted; no output written"), err
+    if work_bytes:
+        assert str(out / WORK_DIR) in err[0] and "1.5 KB" in err[0] and "--resume" in err[0]
+    else:
+        assert "--resume" not in err[0] and not out.exists()
+
+
 def test_reassemble_prints_summary_and_writes_outputs(data, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["reassemble", str(data), str(out), "--placeholders", "--baseline", "loo",

@@ -91,9 +91,9 @@ def test_threads_buckets_windows_budget(cli, dataset, baselines, tmp_path, optio
 def test_repeated_runs_and_rerun_into_same_out(cli, dataset, baselines, tmp_path):
     out = tmp_path / "out"
     for _ in range(2):
-        assert_ran(cli.run("reassemble", dataset, out, "--threads", "2"))
+        assert_ran(cli.run("reassemble", dataset, out, "--threads", "2", "--overwrite"))
         _same(_bytes(out), baselines["default"], "rerun into the same OUT")
-    assert_ran(cli.run("reassemble", dataset, out, "--buckets", "3"))
+    assert_ran(cli.run("reassemble", dataset, out, "--buckets", "3", "--overwrite"))
     _same(_bytes(out), baselines["default"], "partitioned rerun into the same OUT")
 
 

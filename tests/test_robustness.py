@@ -291,8 +291,9 @@ def crash_data(tmp_path_factory) -> Path:
 
 
 def _cmd(data, out, *extra):
+    # --overwrite: these runs replace the previous output a test restored in OUT on purpose
     return [sys.executable, "-m", "chainrows.cli", "reassemble", str(data), str(out), "--buckets", "4",
-            "--threads", "2", *map(str, extra)]
+            "--threads", "2", "--overwrite", *map(str, extra)]
 
 
 def _env():

@@ -100,6 +100,52 @@ def write_json_atomic(path: str | os.PathLike, value) -> Path:
     return path
 
 
+# ----------------------------------------------------------------------------- where to write
+
+class OutputExistsError(FileExistsError):
+    """``out_dir`` already holds a complete result (``marker``, the last name an
+    :class:`AtomicOutput` commits) and the caller did not ask to replace it."""
+
+    def __init__(self, out_dir: Path, marker: Path):
+        self.out_dir, self.marker = out_dir, marker
+        super().__init__(f"{out_dir} already holds a complete result ({marker.name})")
+
+
+def check_destination(out_dir: str | os.PathLike, names: Iterable[str] = OUTPUT_NAMES, *,
+                      inputs: Iterable[str | os.PathLike] = (), overwrite: bool = False) -> Path:
+    """The one overwrite policy of every command that writes: may ``out_dir`` receive the
+    outputs ``names`` (committed in that order by :class:`AtomicOutput`)? Returns it as a Path.
+
+    - An input and ``out_dir`` may not nest: ``out_dir`` is never an input, inside an input, or
+      (for a directory input) around one. InputError.
+    - ``out_dir`` existing as something other than a directory: InputError.
+    - ``out_dir`` holding a complete result, i.e. the last of ``names`` (the commit marker, as
+      ``<name>.parquet`` or ``<name>/``): OutputExistsError unless ``overwrite``.
+    - Anything an interrupted run leaves (staging dirs, ``.chainrows-work``, an empty
+      ``out_dir``, ``rows`` without its ``report``) is never a reason to refuse: the run
+      resumes or replaces it. Other entries of ``out_dir`` are never touched.
+    """
+    from chainrows.io.errors import InputError
+
+    out = Path(out_dir)
+    where = out.resolve()
+    for given in inputs:
+        inp = Path(given).resolve()
+        if where == inp:
+            raise InputError(f"output {out} is the input {given}: write it elsewhere")
+        if inp in where.parents:
+            raise InputError(f"output {out} is inside the input {given}: write it elsewhere")
+        if inp.is_dir() and where in inp.parents:
+            raise InputError(f"output {out} holds the input {given}: write it elsewhere")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"output {out} exists and is not a directory")
+    marker = tuple(names)[-1]
+    for form in (f"{marker}.parquet", marker):
+        if not overwrite and os.path.lexists(out / form):
+            raise OutputExistsError(out, out / form)
+    return out
+
+
 # ----------------------------------------------------------------------------- atomic output
 
 class AtomicOutput:

@@ -44,6 +44,7 @@ def _build_batch(cfg: _Cfg, first: int, stop: int) -> tuple[tuple[pa.Table, pa.T
     ok_offs, ok_vals, oi_offs, oi_vals, oi_null = [0], [], [0], [], []
     a_offs, a_vals, a_null = [0], [], []
     n_corrupt = 0
+    kinds: dict[str, int] = {}  # corruption kind -> rollouts
 
     for b0 in range(first, stop, BLOCK):
         b1 = min(b0 + BLOCK, stop)
@@ -53,6 +54,8 @@ def _build_batch(cfg: _Cfg, first: int, stop: int) -> tuple[tuple[pa.Table, pa.T
         for i in range(b0, b1):
             ro = _simulate(cfg, i)
             n_corrupt += ro.kind is not None
+            if ro.kind is not None:
+                kinds[ro.kind] = kinds.get(ro.kind, 0) + 1
             rid = f"r{i:08d}"
             local = (i - b0) + (b0 // BLOCK) * (BLOCK + 8)
             n = len(ro.calls)
@@ -163,7 +166,8 @@ def _build_batch(cfg: _Cfg, first: int, stop: int) -> tuple[tuple[pa.Table, pa.T
         ],
         schema=ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD),
     )
-    stats = {"rollouts": stop - first, "corrupt": n_corrupt, "calls": ledger.num_rows, "tokens": int(len(tvals))}
+    stats = {"rollouts": stop - first, "corrupt": n_corrupt, "calls": ledger.num_rows, "tokens": int(len(tvals)),
+             "kinds": kinds}
     return (ledger, tokens, rollouts), stats
 
 

@@ -5,13 +5,14 @@ the project); and ``python -m chainrows.synth``."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from chainrows.io.dataset import TABLES
-from chainrows.io.write import AtomicOutput
+from chainrows.io.write import AtomicOutput, check_destination
 from chainrows.synth.batches import _iter
 from chainrows.synth.params import DEFAULT_BATCH_ROLLOUTS, DEFAULTS
 from chainrows.synth.tables import tables_schemas
@@ -32,19 +33,18 @@ def write_synth_dataset(
 
     Batches are streamed (one row group per batch and table) into files staged inside
     ``out_dir`` and committed together at the end: an interrupted run leaves no table behind. An
-    existing non-empty ``out_dir`` is an error unless ``overwrite`` (then its three tables are
-    replaced; other entries stay).
+    ``out_dir`` already holding a dataset is refused (``OutputExistsError``, a FileExistsError)
+    unless ``overwrite`` (then its three tables are replaced; other entries stay): the one policy
+    of every command that writes, chainrows.io.write.check_destination.
     ``workers``: see ``iter_synth_batches``. Other keyword arguments are the fields of
     :class:`SynthParams`.
-    Returns a summary: rollouts, corrupt, calls, tokens, bytes (of the three files), seconds, path.
+    Returns a summary: rollouts, corrupt, calls, tokens, bytes (of the three files), seconds,
+    path, and ``kinds`` (corruption kind -> rollouts; ``CORRUPT_TARGETS`` says what each does).
     """
     t0 = time.perf_counter()
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out} exists and is not empty (pass overwrite=True)")
+    out = check_destination(out_dir, TABLES, overwrite=overwrite)
     summary = {"rollouts": 0, "corrupt": 0, "calls": 0, "tokens": 0}
+    kinds: Counter = Counter()
     schemas = tables_schemas(kw.get("logprobs", DEFAULTS.logprobs))
     with AtomicOutput(out, names=TABLES) as staged:
         paths = [staged.reserve_file(n) for n in TABLES]
@@ -56,8 +56,9 @@ def write_synth_dataset(
                     w.write_table(t)
                 for k in summary:
                     summary[k] += stats[k]
+                kinds.update(stats["kinds"])
         nbytes = sum(path.stat().st_size for path in paths)
-    summary.update(bytes=nbytes, seconds=round(time.perf_counter() - t0, 3), path=str(out))
+    summary.update(bytes=nbytes, seconds=round(time.perf_counter() - t0, 3), path=str(out), kinds=dict(kinds))
     return summary
 
 
