@@ -1,4 +1,4 @@
-"""The ``chainrows`` command line: reassemble, synth, import-jsonl, stats (SPEC §7).
+"""The ``chainrows`` command line: reassemble, synth, import-jsonl, import-gym, export-gym, stats (SPEC §7).
 
 Exit codes: 0 ran (masked rollouts included), 2 unusable input or bad arguments, 1 an internal
 error (one line; set CHAINROWS_DEBUG=1 for the traceback), 130 interrupted. Every command that
@@ -150,6 +150,10 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("results", help="one JSON object per rollout: group, reward, final output")
     j.add_argument("out", help="output dataset directory (created if missing)")
     j.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+
+    from chainrows.io.gym.cli import add_parsers as add_gym_parsers  # import-gym, export-gym
+
+    add_gym_parsers(sub)
 
     st = sub.add_parser("stats", help="what a dataset holds, and what cc (linear and forest plan) recovers "
                                       "over ordinary capture",
@@ -407,6 +411,10 @@ def cmd_stats(a) -> int:
 
 COMMANDS = {"reassemble": cmd_reassemble, "synth": cmd_synth, "import-jsonl": cmd_import_jsonl,
             "stats": cmd_stats}
+
+from chainrows.io.gym.cli import COMMANDS as _GYM_COMMANDS  # noqa: E402 (argparse only, no heavy imports)
+
+COMMANDS.update(_GYM_COMMANDS)
 
 
 def main(argv=None) -> int:
