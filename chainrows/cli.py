@@ -188,6 +188,10 @@ def _reassemble_options(r):
                    help="reuse the finished work an interrupted run of the same dataset and options "
                         "left in OUT/.chainrows-work")
     r.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+    r.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run on Ray Data (pip install 'chainrows[ray]'); no ADDRESS starts a local Ray, "
+                        "'auto' or ray://host:port joins a cluster; OUT gets rows/ and report/ parts "
+                        "(see README 'Many machines')")
     _run_options(r)
 
 
@@ -300,6 +304,10 @@ def cmd_reassemble(a) -> int:
     from chainrows.io.write import OUTPUT_NAMES, check_destination
 
     opts = _options(a)
+    if a.ray is not None:  # the same run on a Ray cluster
+        from chainrows.ray.cli import cmd_reassemble_ray
+
+        return cmd_reassemble_ray(a, opts)
     check_destination(a.out, OUTPUT_NAMES, inputs=[a.dataset], overwrite=a.overwrite or _resuming(a))
     _set_threads(a.threads)
     with _CompileNotice(a.progress):
