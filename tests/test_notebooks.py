@@ -93,3 +93,33 @@ def test_dataset_health_notebook(nb_env):
     assert "has tokens" in text  # the drill-down's ledger table
     assert images >= 4  # distributions, reasons, cc vs ordinary, advantages
     assert not any(nb_env.iterdir()), "the notebook wrote into its working directory"
+
+
+def test_render_writes_markdown_with_figures(nb_env, tmp_path):
+    """`python notebooks/render.py NAME --out DIR`: the page and its PNG figures in DIR, no path
+    of this machine in the page, and the stored notebook left without outputs."""
+    import subprocess
+    import sys
+
+    source = (NOTEBOOKS / "01_tour.ipynb").read_bytes()
+    out = tmp_path / "rendered"
+    res = subprocess.run([sys.executable, str(NOTEBOOKS / "render.py"), "01_tour.ipynb", "--out", str(out),
+                          "--rollouts", "200"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    page = (out / "01_tour.md").read_text()
+    figures = sorted((out / "01_tour_files").glob("*.png"))
+    assert len(figures) >= 2 and all(f.read_bytes().startswith(b"\x89PNG") for f in figures)
+    for f in figures:
+        assert f"](01_tour_files/{f.name})" in page
+    assert "```python" in page and "wx_s0" in page  # code and its output
+    assert str(REPO) not in page and str(tmp_path) not in page and "IPKernelApp" not in page
+    assert (NOTEBOOKS / "01_tour.ipynb").read_bytes() == source
+
+
+def test_render_refuses_an_unknown_notebook(tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, str(NOTEBOOKS / "render.py"), "nope.ipynb", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "nope.ipynb" in res.stderr and not any(tmp_path.iterdir())
