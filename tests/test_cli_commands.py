@@ -168,3 +168,18 @@ def test_bad_arguments_exit_2(args, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code == 2
+
+
+def test_python_m_chainrows_synth_follows_the_same_policy(tmp_path, capsys):
+    from chainrows.synth.writer import main as synth_main
+
+    out = tmp_path / "ds"
+    assert synth_main([str(out), "--rollouts", "16"]) == 0
+    for argv in ([str(out), "--rollouts", "16"], [str(tmp_path / "bad"), "--rollouts", "16", "--corrupt-rate", "3"]):
+        with pytest.raises(SystemExit) as info:
+            synth_main(argv)
+        assert info.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "--overwrite" in err[0] and "corrupt_rate" in err[1]
+    assert not (tmp_path / "bad").exists()
+    assert synth_main([str(out), "--rollouts", "32", "--overwrite"]) == 0

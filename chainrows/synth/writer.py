@@ -78,7 +78,24 @@ def main(argv=None) -> int:
     ap.add_argument("--no-logprobs", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
     a = ap.parse_args(argv)
-    summary = write_synth_dataset(
+    from chainrows.io.errors import InputError
+    from chainrows.io.write import OutputExistsError
+
+    try:
+        summary = _write(a)
+    except (OSError, ValueError, InputError) as exc:  # an unusable OUT, a bad parameter value
+        hint = " (use --overwrite)" if isinstance(exc, OutputExistsError) else ""
+        ap.exit(2, f"{ap.prog}: error: {' '.join(str(exc).split())}{hint}\n")
+    print(
+        f"wrote {summary['path']}: {summary['rollouts']} rollouts ({summary['corrupt']} corrupt), "
+        f"{summary['calls']} calls, {summary['tokens']} tokens, {summary['bytes'] / 1e6:.1f} MB "
+        f"in {summary['seconds']:.1f} s"
+    )
+    return 0
+
+
+def _write(a) -> dict:
+    return write_synth_dataset(
         a.out,
         a.rollouts,
         a.seed,
@@ -90,9 +107,3 @@ def main(argv=None) -> int:
         fork_rate=a.fork_rate,
         logprobs=not a.no_logprobs,
     )
-    print(
-        f"wrote {summary['path']}: {summary['rollouts']} rollouts ({summary['corrupt']} corrupt), "
-        f"{summary['calls']} calls, {summary['tokens']} tokens, {summary['bytes'] / 1e6:.1f} MB "
-        f"in {summary['seconds']:.1f} s"
-    )
-    return 0
