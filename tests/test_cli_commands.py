@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -62,6 +63,32 @@ def test_interrupted_run_says_what_it_left(tmp_path, capsys, monkeypatch, work_b
         assert str(out / WORK_DIR) in err[0] and "1.5 KB" in err[0] and "--resume" in err[0]
     else:
         assert "--resume" not in err[0] and not out.exists()
+
+
+def test_reassemble_says_it_compiles_and_keeps_compiling_out_of_throughput(tmp_path, capsys, monkeypatch):
+    """A kernel compiled during the run: the notice once on stderr (--progress), and its time
+    counted as compiling in the summary, not as work."""
+    import numba
+
+    from chainrows import bulk
+    from chainrows.bulk.summary import Summary
+    from chainrows.cli import COMPILING
+
+    took = []
+
+    def run(dataset, out_dir, *args, **kwargs):
+        t0 = time.perf_counter()
+        numba.njit(lambda x: x * 3)(2)  # a fresh function: Numba compiles it now
+        took.append(time.perf_counter() - t0)
+        return Summary(rollouts=1000, seconds=took[0] + 0.01)  # 10 ms of "work" after compiling
+
+    monkeypatch.setattr(bulk, "run", run)
+    assert main(["reassemble", str(tmp_path / "data"), str(tmp_path / "out"), "--progress"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count(COMPILING) == 1
+    throughput = next(l for l in captured.out.splitlines() if l.startswith("throughput"))
+    counted_whole = 1000 / (took[0] + 0.01)
+    assert float(throughput.split()[1].replace(",", "")) > 2 * counted_whole  # compiling was taken out
 
 
 def test_reassemble_prints_summary_and_writes_outputs(data, tmp_path, capsys):
