@@ -151,7 +151,7 @@ def _write(dump: Path, rollouts: dict, tokens: dict, results: list) -> dict:
                 open(tmp / "staged.jsonl", "w", encoding="utf-8") as sf:
             for rid, ro in rollouts.items():
                 manifest, staged = _records(rid, ro, tokens)
-                known = {c["call_id"] for c in ro.calls}
+                known = {c["call_id"] for c in ro.calls} | set(ro.failed)  # a pending call has no staged line
                 for cid in token_calls.get(rid, ()):  # token rows naming no call: orphans
                     if cid not in known:
                         staged.append(_orphan(rid, cid, *tokens[(rid, cid)]))

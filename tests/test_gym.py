@@ -1,0 +1,517 @@
+"""chainrows.io.gym: NeMo Gym dumps (docs/gym.md): byte layouts, verification, import, export."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import re
+import shutil
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import xxhash
+
+import chainrows
+from chainrows.cli import main
+from chainrows.io.errors import InputError
+from chainrows.io.gym import export_gym, import_gym
+from chainrows.io.gym import verify as V
+from chainrows.io.gym import wire as W
+from chainrows.io.gym.fingerprints import fingerprint
+from chainrows.io.jsonl import import_jsonl_to_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+VECTORS = Path(__file__).resolve().parent / "gym_vectors"
+EXAMPLE = ROOT / "examples" / "gym"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _doc_raw(tmp_path: Path) -> dict:
+    """The docs/jsonl.md example (the SPEC §1 worked example, rollout r1) as raw files."""
+    text = (ROOT / "docs" / "jsonl.md").read_text()
+    out = {}
+    for name, body in re.findall(r"<!-- file: (\w+)\.jsonl -->\n```jsonl\n(.*?)```", text, re.S):
+        out[name] = tmp_path / f"{name}.jsonl"
+        out[name].write_text(body)
+    assert sorted(out) == ["ledger", "results", "tokens"]
+    return out
+
+
+def _export(tmp_path: Path, raw: dict, name: str = "dump") -> Path:
+    dump = tmp_path / name
+    export_gym(raw["ledger"], raw["tokens"], raw["results"], dump)
+    return dump
+
+
+def _read(dump: Path, name: str) -> list:
+    return [json.loads(line) for line in (dump / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _write(dump: Path, name: str, lines: list) -> None:
+    (dump / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _digest(staged: dict) -> str:
+    """The staging digest of a staged line as it now is."""
+    ns = SimpleNamespace(**staged)
+    tokens = np.array(staged["token_ids_delta"], dtype=np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        lp = np.array(staged["generation_log_probs_delta"], np.float64).astype(np.float32)
+    parts = W.digest_payload(ns, W.ids_body(tokens), np.array(staged["token_mask_delta"], np.float32), lp)
+    return W.hash_parts(W.CALL_TAG, parts)
+
+
+def _edit(dump: Path, call: str, staged_fn=None, record_fn=None, redigest=True) -> None:
+    """Change call ``call``'s staged line and/or CallRecord; ``redigest``: recompute the staging
+    digest after the edit and store it in both, so only the edited check can fail."""
+    staged = _read(dump, "staged")
+    receipts = _read(dump, "receipts")
+    st = next(s for s in staged if s["model_call_id"] == call)
+    rec = next(r for rc in receipts for r in rc["manifest"] if r["model_call_id"] == call)
+    if staged_fn:
+        staged_fn(st)
+    if record_fn:
+        record_fn(rec)
+    if redigest:
+        st["digest"] = rec["digest"] = _digest(st)
+    _write(dump, "staged", staged)
+    _write(dump, "receipts", receipts)
+
+
+def _report(dataset: Path, **options) -> dict:
+    _, report = chainrows.reassemble(str(dataset), **options)
+    return {r["rollout_id"]: r for r in report.to_pylist()}
+
+
+def _outcome(dataset: Path, **options):
+    """Everything reassemble decides: report (minus nothing) and rows, sorted."""
+    rows, report = chainrows.reassemble(str(dataset), **options)
+    return report.to_pylist(), rows.to_pylist()
+
+
+# ----------------------------------------------------------------------------- byte layouts
+
+@pytest.mark.parametrize("schema", [2, 3])
+def test_golden_vectors(schema):
+    g = json.loads((VECTORS / f"golden_vectors_schema{schema}.json").read_text())
+    assert W.extras_digest(g["extras"]) == g["extras_digest"]
+    st = g["staged_call"]
+    assert st["schema_version"] == schema
+    assert _digest(st) == g["staged_call_digest"]
+    # and through the verifier: only the (fake) chain and cumulative hashes can fail
+    assert _digest(dict(st, schema_version=5 - schema)) != g["staged_call_digest"]
+
+
+def _two_call_staged():
+    c1 = dict(schema_version=3, digest_version=2, extras_digest_version=1, rollout_id="g7_r0",
+              model_call_id="c1", parent_call_id=None, mode="text", prev_len=0, delta_len=4, cum_len=4,
+              weight_version=4, token_ids_delta=[10, 11, 12, 13], token_mask_delta=[0.0, 0.0, 1.0, 1.0],
+              generation_log_probs_delta=[0.0, 0.0, -0.1, -0.2])
+    c2 = dict(c1, model_call_id="c2", parent_call_id="c1", mode="token_in", prev_len=4, delta_len=3,
+              cum_len=7, token_ids_delta=[20, 21, 22], token_mask_delta=[0.0, 1.0, 1.0],
+              generation_log_probs_delta=[0.0, -0.3, -0.4])
+    return c1, c2
+
+
+def test_two_call_example_of_nemo_gym_section_2():
+    c1, c2 = _two_call_staged()
+    t1, t2 = (np.array(c["token_ids_delta"], dtype=np.uint64) for c in (c1, c2))
+    ch1 = W.hash_parts(W.CHAIN_TAG, W.chain_payload(None, W.ids_body(t1), 4))
+    ch2 = W.hash_parts(W.CHAIN_TAG, W.chain_payload(ch1, W.ids_body(t2), 3))
+    cum1 = W.hash_parts(W.PREFIX_TAG, [W.u64(4), W.ids_body(t1)])
+    cum2 = W.hash_parts(W.PREFIX_TAG, [W.u64(7), W.ids_body(t1), W.ids_body(t2)])
+    assert ch1 == "3b35e8ac08b0631708e2f37850057145e3bd449817ea66f71fe0ed310d218473"
+    assert cum1 == "3a9f2bfa5638908f07d82e5f3cd5bb2eca6f4fe122a89f62946ba6d01c9ffe07"
+    assert ch2 == "8a4f4bb09c51870015a9404320b9a1bfded4ff20c802662a5865ac9a742c6643"
+    assert cum2 == "ef8f87ef531c256298e99f8998e2a1c0c4f374cdb71ddbe21c7abbf9f9c5a795"
+    extras = W.extras_digest(None)
+    for c, ch, cum in ((c1, ch1, cum1), (c2, ch2, cum2)):
+        c.update(extras_digest=extras, chain_hash=ch, cumulative_hash=cum)
+    assert _digest(c1) == "b7fbd2781e2a4f2ee8a0041ed3957ec012cd47736d63152e66c50d30e7e7fd53"
+    assert _digest(c2) == "d70b37c954cde92db732c632212bad78229ff73a84888fe33da0aed737819a56"
+
+
+def test_two_call_example_imports_verified(tmp_path):
+    """The same two calls as a hand-written dump: both verify, and the row is their deltas."""
+    c1, c2 = _two_call_staged()
+    extras = W.extras_digest(None)
+    c1.update(extras_digest=extras, chain_hash="3b35e8ac08b0631708e2f37850057145e3bd449817ea66f71fe0ed310d218473",
+              cumulative_hash="3a9f2bfa5638908f07d82e5f3cd5bb2eca6f4fe122a89f62946ba6d01c9ffe07",
+              digest="b7fbd2781e2a4f2ee8a0041ed3957ec012cd47736d63152e66c50d30e7e7fd53")
+    c2.update(extras_digest=extras, chain_hash="8a4f4bb09c51870015a9404320b9a1bfded4ff20c802662a5865ac9a742c6643",
+              cumulative_hash="ef8f87ef531c256298e99f8998e2a1c0c4f374cdb71ddbe21c7abbf9f9c5a795",
+              digest="d70b37c954cde92db732c632212bad78229ff73a84888fe33da0aed737819a56")
+    answer = {"type": "message", "role": "assistant", "id": "m2", "content": [{"type": "output_text", "text": "A"}]}
+    step = {"type": "function_call", "call_id": "tool", "name": "step", "arguments": "{}"}
+    fp = {"m1": fingerprint(step), "m2": fingerprint(answer)}
+    keep = ("schema_version", "digest_version", "extras_digest_version", "model_call_id", "parent_call_id",
+            "mode", "prev_len", "delta_len", "cum_len", "weight_version", "digest", "extras_digest",
+            "chain_hash", "cumulative_hash")
+    manifest = [dict({k: c[k] for k in keep}, staging_key=f"g7_r0/{c['model_call_id']}",
+                     response_id=f"resp-{c['model_call_id']}",
+                     output_items=[{"id": item, "fingerprint": fp[item]}])
+                for c, item in ((c1, "m1"), (c2, "m2"))]
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    _write(dump, "receipts", [dict(rollout_id="g7_r0", reward=1.0, manifest=manifest,
+                                   terminal_model_call_id="c2", pending_call_ids=[], capture_poisoned=False,
+                                   failure_reason=None)])
+    _write(dump, "staged", [c2, c1])
+    _write(dump, "results", [dict(rollout_id="g7_r0", group_id="g7",
+                                  response={"id": "resp-c2", "output": [dict(step, id="m1"), answer]})])
+    summary = import_gym(dump, tmp_path / "ds")
+    assert (summary.verified, dict(summary.failures)) == (2, {})
+    rows, report = chainrows.reassemble(str(tmp_path / "ds"))
+    assert report.column("status").to_pylist() == ["ok"]
+    assert rows.column("input_ids").to_pylist() == [[10, 11, 12, 13, 20, 21, 22]]
+    assert rows.column("loss_mask").to_pylist() == [[0, 0, 1, 1, 0, 1, 1]]
+    assert np.allclose(rows.column("logprobs").to_pylist()[0], np.float32([0, 0, -0.1, -0.2, 0, -0.3, -0.4]))
+
+
+def test_fingerprint_samples_of_nemo_gym_section_3():
+    """Section 3's samples (an independent reading of Gym, not yet checked against its runtime)."""
+    message = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "A"}]}
+    assert fingerprint(message) == "9c28815070fefb9258ced57b2cc37a77ac63648220bef3336440d19f49c7c5c1"
+    assert fingerprint(dict(message, content="A", id="msg_1", status="completed")) == fingerprint(message)
+    call = {"type": "function_call", "call_id": "tool", "name": "step", "arguments": "{}"}
+    assert fingerprint(call) == "ba8d0a8f6f5d8ee27174d15f887b183bbe33e1a2918e81dc9afa439865c6ec76"
+    assert fingerprint(dict(call, arguments={})) == fingerprint(call)  # canonical arguments
+    assert fingerprint(dict(call, namespace="ns")) != fingerprint(call)
+    reasoning = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]}
+    assert fingerprint(reasoning) == "4b3255a4d475d16096c5077c1134075f45c53b6178fec7e4d1ff62f975f6b05a"
+    assert fingerprint(dict(reasoning, id="rs_1", generation_token_ids=[1, 2], encrypted_content=None)) \
+        == fingerprint(reasoning)
+
+
+def test_extras_encoding():
+    assert W.enc({"b": [True, None], "a": 1.5}) == (
+        b"D" + W.u64(2) + W.text("a") + b"F" + struct.pack(">d", 1.5)
+        + W.text("b") + b"L" + W.u64(2) + b"B\x01" + b"N")
+    assert W.enc(-2) == b"I" + (-2).to_bytes(8, "big", signed=True)
+    for bad in (float("nan"), 1 << 63, (1, 2)):
+        with pytest.raises(W.ExtrasError):
+            W.enc(bad)
+
+
+# ----------------------------------------------------------------------------- import
+
+def test_exported_worked_example_imports_verified(tmp_path):
+    raw = _doc_raw(tmp_path)
+    dump = _export(tmp_path, raw)
+    summary = import_gym(dump, tmp_path / "ds")
+    assert (summary.receipts, summary.results, summary.calls, summary.staged) == (1, 1, 5, 5)
+    assert (summary.verified, sum(summary.failures.values()), summary.orphan_staged, summary.without_result) == (5, 0, 0, 0)
+    report = _report(tmp_path / "ds")
+    assert (report["r1"]["status"], report["r1"]["num_rows"], report["r1"]["num_selected"]) == ("ok", 2, 4)
+
+
+INTEGRITY_FAILURES = {
+    # check text: (call, staged edit, record edit, redigest)
+    V.DIGEST: ("c5", lambda s: s.update(digest="ab" * 32), lambda r: r.update(digest="ab" * 32), False),
+    V.CHAIN: ("c5", lambda s: s.update(chain_hash="cd" * 32), lambda r: r.update(chain_hash="cd" * 32), True),
+    V.CUMULATIVE: ("c2", lambda s: s.update(cumulative_hash="ef" * 32),
+                   lambda r: r.update(cumulative_hash="ef" * 32), True),
+    V.EXTRAS: ("c5", lambda s: s.update(extras={"routed_experts": [[1, 2]]}), None, True),
+    V.MASK: ("c5", lambda s: s.update(token_mask_delta=[1.0, 0.0, 1.0]), None, True),
+    V.LOGPROB_CARRY: ("c5", lambda s: s["generation_log_probs_delta"].__setitem__(0, -0.5), None, True),
+    V.DISAGREE.format("weight_version"): ("c5", lambda s: s.update(weight_version=9), None, False),
+    V.TOKEN_INT32: ("c5", lambda s: s["token_ids_delta"].__setitem__(1, 2**31), None, True),
+}
+
+
+@pytest.mark.parametrize("check", list(INTEGRITY_FAILURES))
+def test_each_integrity_failure_masks_the_rollout_naming_the_check(tmp_path, check):
+    call, staged_fn, record_fn, redigest = INTEGRITY_FAILURES[check]
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    _edit(dump, call, staged_fn, record_fn, redigest)
+    summary = import_gym(dump, tmp_path / "ds")
+    assert dict(summary.failures) == {check: 1}
+    assert summary.verified == 4
+    r1 = _report(tmp_path / "ds")["r1"]
+    assert (r1["status"], r1["reason"]) == ("masked", "hash_mismatch")
+    assert r1["detail"] == f"integrity_error is set: call {call}: {check}"
+
+
+def test_unselected_corrupt_call_masks_nothing(tmp_path):
+    """c4 is the rejected retry: its failed digest is counted, the rollout stays ok."""
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    _edit(dump, "c4", lambda s: s["token_ids_delta"].__setitem__(0, 7), None, redigest=False)
+    summary = import_gym(dump, tmp_path / "ds")
+    assert dict(summary.failures) == {V.CHAIN: 1}
+    assert _report(tmp_path / "ds")["r1"]["status"] == "ok"
+
+
+def test_more_structural_failures(tmp_path):
+    """Lengths, root shape, u64 range and the staging key, one call each (fresh dump per edit)."""
+    cases = {
+        V.LENGTHS: lambda s: s.update(token_mask_delta=s["token_mask_delta"][:-1]),
+        V.CUM_LEN: lambda s: s.update(cum_len=s["cum_len"] + 1),
+        V.ROOT_SHAPE: lambda s: s.update(mode="text"),
+        V.TOKEN_U64: lambda s: s["token_ids_delta"].__setitem__(0, -1),
+        V.LOGPROB_FINITE: lambda s: s["generation_log_probs_delta"].__setitem__(2, -1e39),
+    }
+    for k, (check, fn) in enumerate(cases.items()):
+        dump = _export(tmp_path, _doc_raw(tmp_path), f"dump{k}")
+        _edit(dump, "c2", fn, lambda r, fn=fn: fn(r) if check in (V.CUM_LEN, V.ROOT_SHAPE) else None)
+        summary = import_gym(dump, tmp_path / f"ds{k}")
+        assert dict(summary.failures) == {check: 1}, check
+    dump = _export(tmp_path, _doc_raw(tmp_path), "dump-key")
+    _edit(dump, "c2", None, lambda r: r.update(staging_key="r1/other"), redigest=False)
+    assert dict(import_gym(dump, tmp_path / "ds-key").failures) == {V.STAGING_KEY: 1}
+
+
+def test_ledger_mapping_and_chain_hash(tmp_path):
+    """gen_len is the mask's 1.0 count; chain_hash the SPEC XXH3 chain over the tokens;
+    item keys the fingerprints' first 8 bytes; the integrity_error column is written."""
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    import_gym(dump, tmp_path / "ds")
+    ds = chainrows.io.dataset.read_dataset(tmp_path / "ds")
+    ledger = {r["call_id"]: r for r in ds.ledger.to_pylist()}
+    tokens = {r["call_id"]: r["tokens"] for r in ds.tokens.to_pylist()}
+    seed1 = xxhash.xxh3_64_intdigest(np.array(tokens["c1"], "<i4").tobytes(), 0)
+    assert ledger["c1"]["chain_hash"] == seed1
+    assert ledger["c2"]["chain_hash"] == xxhash.xxh3_64_intdigest(np.array(tokens["c2"], "<i4").tobytes(), seed1)
+    assert [ledger[c]["gen_len"] for c in ("c1", "c2", "c3", "c4", "c5")] == [2, 2, 2, 2, 2]
+    records = {r["model_call_id"]: r for r in _read(dump, "receipts")[0]["manifest"]}
+    assert ledger["c3"]["item_keys"] == [int(i["fingerprint"][:16], 16) for i in records["c3"]["output_items"]]
+    assert ledger["c3"]["item_ids"] == ["rs_3", "msg_3"]
+    assert ledger["c1"]["integrity_error"] is None
+
+
+def test_poisoned_receipts_and_pending_calls_give_capture_failed(tmp_path):
+    raw = _doc_raw(tmp_path)
+    lines = raw["results"].read_text().splitlines()
+    base = json.loads(lines[0])
+    raw["results"].write_text("".join(json.dumps(dict(base, rollout_id=r)) + "\n" for r in ("r1", "r2", "r3", "r4")))
+    led = [json.loads(x) for x in raw["ledger"].read_text().splitlines()]
+    tok = [json.loads(x) for x in raw["tokens"].read_text().splitlines()]
+    raw["ledger"].write_text("".join(json.dumps(dict(x, rollout_id=r)) + "\n" for r in ("r1", "r2", "r3", "r4") for x in led))
+    raw["tokens"].write_text("".join(json.dumps(dict(x, rollout_id=r)) + "\n" for r in ("r1", "r2", "r3", "r4") for x in tok))
+    dump = _export(tmp_path, raw)
+    receipts = _read(dump, "receipts")
+    by = {rc["rollout_id"]: rc for rc in receipts}
+    by["r2"].update(capture_poisoned=True, failure_reason="tokenizer drift")
+    by["r3"]["pending_call_ids"] = ["c5"]  # a recorded call still pending
+    by["r4"]["pending_call_ids"] = ["c9"]  # a call that never got a record
+    _write(dump, "receipts", receipts)
+    summary = import_gym(dump, tmp_path / "ds")
+    assert summary.calls == 4 * 5 + 1
+    report = _report(tmp_path / "ds")
+    assert report["r1"]["status"] == "ok"
+    for rid, call in (("r2", "c1"), ("r3", "c5"), ("r4", "c9")):
+        assert (report[rid]["reason"], report[rid]["detail"]) == ("capture_failed", f"capture failed (failed = true): call {call}")
+
+
+def test_orphans_and_rollouts_without_result(tmp_path):
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    staged = _read(dump, "staged")
+    _write(dump, "staged", staged + [dict(staged[0], model_call_id="ghost"), dict(staged[0], rollout_id="r9")])
+    receipts = _read(dump, "receipts")
+    _write(dump, "receipts", receipts + [dict(receipts[0], rollout_id="r8")])
+    summary = import_gym(dump, tmp_path / "ds")
+    assert (summary.orphan_staged, summary.without_result, summary.staged) == (2, 1, 7)  # ghost, r9; r8
+    report = _report(tmp_path / "ds")
+    assert report["r8"]["reason"] == "no_rollout_record"  # its calls are kept, and explained
+    assert report["r9"]["reason"] == "no_rollout_record"
+    assert report["r1"]["status"] == "ok"  # the ghost token row is an ignored orphan
+
+
+def test_any_staged_order_gzip_and_buckets_give_the_same_dataset(tmp_path):
+    raw = _random_raw(tmp_path, seed=5, n_rollouts=30)
+    dump = _export(tmp_path, raw)
+    import_gym(dump, tmp_path / "plain")
+    want = _outcome(tmp_path / "plain")
+    assert sum(r["status"] == "ok" for r in want[0]) > 5
+    shuffled = tmp_path / "shuffled"
+    shutil.copytree(dump, shuffled)
+    lines = (shuffled / "staged.jsonl").read_text().splitlines()
+    random.Random(1).shuffle(lines)
+    (shuffled / "staged.jsonl").write_text("\n".join(lines) + "\n")
+    for name in ("receipts", "staged", "results"):
+        src = shuffled / f"{name}.jsonl"
+        with gzip.open(shuffled / f"{name}.jsonl.gz", "wb") as out:
+            out.write(src.read_bytes())
+        src.unlink()
+    summary = import_gym(shuffled, tmp_path / "gz")
+    assert summary.buckets == 1
+    assert _outcome(tmp_path / "gz") == want
+    size = (dump / "staged.jsonl").stat().st_size
+    summary = import_gym(shuffled, tmp_path / "bucketed", memory_budget=size // 2, threads=2)
+    assert summary.buckets > 3
+    assert (tmp_path / "bucketed" / "ledger").is_dir()  # one part per bucket
+    assert _outcome(tmp_path / "bucketed") == want
+
+
+# ----------------------------------------------------------------------------- malformed input
+
+MALFORMED = [
+    ("receipts", 1, lambda lines: ["{not json"] + lines[1:], "invalid JSON"),
+    ("staged", 3, lambda lines: lines[:2] + ["[1, 2]"] + lines[3:], "expected a JSON object"),
+    ("staged", 2, lambda lines: lines[:1] + [json.dumps({k: v for k, v in json.loads(lines[1]).items()
+                                                         if k != "model_call_id"})] + lines[2:],
+     "field 'model_call_id' is missing"),
+    ("staged", 4, lambda lines: lines[:3] + [json.dumps(dict(json.loads(lines[3]), token_ids_delta=[1, "2"]))]
+     + lines[4:], "field 'token_ids_delta' entry 1 must be an integer"),
+    ("receipts", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), reward="high"))], "field 'reward'"),
+    ("results", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), response=[]))], "field 'response'"),
+]
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+@pytest.mark.parametrize("name,line,edit,message", MALFORMED)
+def test_malformed_line_exits_2_naming_file_and_line_and_writes_nothing(tmp_path, capsys, name, line, edit,
+                                                                         message, bucketed):
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    path = dump / f"{name}.jsonl"
+    path.write_text("\n".join(edit(path.read_text().splitlines())) + "\n")
+    out = tmp_path / "ds"
+    argv = ["import-gym", str(dump), str(out)] + (["--memory-budget", "1MiB"] if bucketed else [])
+    if bucketed:  # force several buckets on a tiny dump
+        from chainrows.io.gym import importer
+
+        saved = importer.BUCKET_SHARE
+        importer.BUCKET_SHARE = (1 << 20) // 1000
+    try:
+        rc = main(argv)
+    finally:
+        if bucketed:
+            importer.BUCKET_SHARE = saved
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert "\n" not in err and f"line {line}:" in err and message in err and str(path) in err, err
+    assert not out.exists()
+
+
+def test_malformed_line_keeps_an_existing_dataset(tmp_path):
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    import_gym(dump, tmp_path / "ds")
+    before = sorted(p.name for p in (tmp_path / "ds").iterdir())
+    (dump / "results.jsonl").write_text("7\n")
+    with pytest.raises(InputError, match="results: line 1: expected a JSON object"):
+        import_gym(dump, tmp_path / "ds")
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == before
+    assert _report(tmp_path / "ds")["r1"]["status"] == "ok"
+
+
+def test_missing_or_doubled_dump_files(tmp_path):
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    (dump / "results.jsonl").rename(dump / "results.txt")
+    with pytest.raises(InputError, match="missing results.jsonl"):
+        import_gym(dump, tmp_path / "ds")
+    (dump / "results.txt").rename(dump / "results.jsonl")
+    (dump / "staged.jsonl.gz").write_bytes(gzip.compress((dump / "staged.jsonl").read_bytes()))
+    with pytest.raises(InputError, match="both staged.jsonl and staged.jsonl.gz"):
+        import_gym(dump, tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
+
+
+# ----------------------------------------------------------------------------- round trip
+
+def _random_raw(tmp_path: Path, seed: int, n_rollouts: int) -> dict:
+    """Random raw JSON (docs/jsonl.md) of clean captures: compactions, rejected retries,
+    several item kinds from a small alphabet (ambiguity), ids, accepted lists, groups."""
+    rng = random.Random(seed)
+    ledger, tokens, results = [], [], []
+    for r in range(n_rollouts):
+        rid = f"r{r}"
+        calls = []
+        for i in range(rng.randint(1, 6)):
+            parent = None if i == 0 or rng.random() < 0.25 else rng.choice([calls[-1]] * 3 + calls)
+            carry = [rng.randint(0, 60) for _ in range(rng.choice((0, 1, 3, 9)))]
+            gen = [rng.randint(0, 60) for _ in range(rng.choice((1, 2, 5)))]
+            items = []
+            for j in range(rng.choice((0, 1, 1, 2))):
+                kind, text = rng.choice(("message", "reasoning", "function_call")), f"t{rng.randint(0, 3)}"
+                item_id = rng.choice((None, f"{rid}-{i}-{j}"))
+                if kind == "message":
+                    item = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+                elif kind == "reasoning":
+                    item = {"type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
+                else:
+                    item = {"type": "function_call", "call_id": f"call-{text}", "name": "f", "arguments": "{}"}
+                if item_id:
+                    item["id"] = item_id
+                items.append(item)
+            prev = 0 if parent is None else parent["prev_len"] + parent["delta_len"]
+            seed_hash = 0 if parent is None else parent["chain_hash"]
+            delta = carry + gen
+            c = dict(rollout_id=rid, call_id=f"c{i}", parent_id=parent["call_id"] if parent else None,
+                     response_id=f"resp-{rid}-{i}", prev_len=prev, delta_len=len(delta), gen_len=len(gen),
+                     chain_hash=xxhash.xxh3_64_intdigest(np.array(delta, "<i4").tobytes(), seed_hash),
+                     output_items=items)
+            calls.append(c)
+            ledger.append(c)
+            tokens.append(dict(rollout_id=rid, call_id=c["call_id"], tokens=delta,
+                               logprobs=[0.0] * len(carry) + [-round(rng.random(), 3) - 0.01 for _ in gen]))
+        accepted = []
+        for c in calls:
+            if c["output_items"] and (c["parent_id"] is None or (accepted and accepted[-1]["call_id"] == c["parent_id"])) \
+                    and rng.random() < 0.85:
+                accepted.append(c)
+        output = [{"type": "message", "role": "user", "content": "go"}] + [i for c in accepted for i in c["output_items"]]
+        res = dict(rollout_id=rid, group_id=rng.choice(("g0", "g1", None)), reward=rng.choice((0.0, 0.5, 1.0)),
+                   output=output,
+                   terminal_response_id=accepted[-1]["response_id"] if accepted and rng.random() < 0.6 else None)
+        if rng.random() < 0.3:
+            res["accepted_response_ids"] = [c["response_id"] for c in accepted]
+        results.append(res)
+    rng.shuffle(tokens)
+    out = {}
+    for name, rows in (("ledger", ledger), ("tokens", tokens), ("results", results)):
+        out[name] = tmp_path / f"raw-{seed}-{name}.jsonl"
+        out[name].write_text("".join(json.dumps(x) + "\n" for x in rows))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_round_trip_through_gym_gives_the_same_outcomes(tmp_path, seed):
+    """raw -> import-jsonl -> reassemble == raw -> export-gym -> import-gym -> reassemble:
+    item keys differ (SPEC vs Gym fingerprints), decisions, rows and advantages do not."""
+    raw = _random_raw(tmp_path, seed, n_rollouts=40)
+    import_jsonl_to_dataset(raw["ledger"], raw["tokens"], raw["results"], tmp_path / "via-jsonl")
+    dump = _export(tmp_path, raw)
+    summary = import_gym(dump, tmp_path / "via-gym")
+    assert sum(summary.failures.values()) == 0 and summary.verified == summary.staged
+    for options in (dict(mode="cc"), dict(mode="ordinary"), dict(mode="cc", plan="forest")):
+        want, got = _outcome(tmp_path / "via-jsonl", **options), _outcome(tmp_path / "via-gym", **options)
+        assert got == want, options
+    reasons = {r["reason"] for r in want[0]}
+    assert "ok" in {r["status"] for r in want[0]} and len(reasons) > 1  # the comparison saw both kinds
+
+
+def test_cli_round_trip(tmp_path, capsys):
+    raw = _doc_raw(tmp_path)
+    assert main(["export-gym", str(raw["ledger"]), str(raw["tokens"]), str(raw["results"]), str(tmp_path / "dump")]) == 0
+    assert main(["export-gym", str(raw["ledger"]), str(raw["tokens"]), str(raw["results"]), str(tmp_path / "dump")]) == 2
+    assert main(["import-gym", str(tmp_path / "dump"), str(tmp_path / "ds")]) == 0
+    out = capsys.readouterr().out
+    assert "verified               5" in out and "integrity failures     0" in out
+    assert _report(tmp_path / "ds")["r1"]["status"] == "ok"
+
+
+# ----------------------------------------------------------------------------- the shipped example
+
+def test_example_dump_imports_and_is_what_the_exporter_writes(tmp_path):
+    """examples/gym: export-gym of raw/ with one token of r2's c2 changed by hand afterwards
+    (examples/gym/README.md); it imports with that one integrity failure."""
+    dump = EXAMPLE / "dump"
+    summary = import_gym(dump, tmp_path / "ds")
+    assert (summary.staged, summary.verified, dict(summary.failures)) == (8, 7, {V.CHAIN: 1})
+    report = _report(tmp_path / "ds")
+    assert [(r, report[r]["status"], report[r]["reason"]) for r in ("r1", "r2", "r3")] == [
+        ("r1", "ok", None), ("r2", "masked", "hash_mismatch"), ("r3", "masked", "capture_failed")]
+    assert report["r2"]["detail"] == f"integrity_error is set: call c2: {V.CHAIN}"
+    raw = {n: EXAMPLE / "raw" / f"{n}.jsonl" for n in ("ledger", "tokens", "results")}
+    again = _export(tmp_path, raw, "again")
+    for name in ("receipts", "results"):
+        assert (again / f"{name}.jsonl").read_text() == (dump / f"{name}.jsonl").read_text()
+    fresh, shipped = _read(again, "staged"), _read(dump, "staged")
+    differ = [i for i, (a, b) in enumerate(zip(fresh, shipped)) if a != b]
+    assert len(fresh) == len(shipped) and differ == [6]
+    assert (shipped[6]["rollout_id"], shipped[6]["model_call_id"]) == ("r2", "c2")
+    assert shipped[6]["token_ids_delta"] == [600] + fresh[6]["token_ids_delta"][1:]
