@@ -444,6 +444,8 @@ def main(argv=None) -> int:
 
     out = getattr(args, "out", None)
     fresh = out is not None and not os.path.lexists(out)  # an OUT this run makes
+    work = _work_dir(args)
+    new_work = work is not None and not os.path.lexists(work)  # work this run would start
     rc = 1
     try:
         rc = COMMANDS[args.command](args)
@@ -469,20 +471,30 @@ def main(argv=None) -> int:
         print(f"chainrows: internal error: {type(exc).__name__}: {msg}", file=sys.stderr)
         rc = 1
     finally:
+        if rc == 2 and new_work:  # unusable input: the partial work is of no use to --resume
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
         if rc != 0 and fresh:
             _remove_if_empty(out)
     return rc
 
 
+def _work_dir(a) -> str | None:
+    """OUT/.chainrows-work of a single-process reassemble (where --resume finds its work)."""
+    if a.command != "reassemble" or getattr(a, "ray", None) is not None:
+        return None
+    from chainrows.bulk.job import WORK_DIR
+
+    return os.path.join(a.out, WORK_DIR)
+
+
 def _left_behind(a) -> str:
     """For the interrupted message: the finished work a rerun with --resume reuses."""
-    if a.command != "reassemble":
-        return ""
-    from chainrows.bulk.job import WORK_DIR
     from chainrows.progress import human_bytes
 
-    work = os.path.join(a.out, WORK_DIR)
-    if not os.path.isdir(work):
+    work = _work_dir(a)
+    if work is None or not os.path.isdir(work):
         return ""
     return (f"; {work} keeps {human_bytes(_size(work))} of finished work: run the same command "
             f"with --resume to reuse it, or delete it")

@@ -405,6 +405,26 @@ def test_resume_continues_an_interrupted_overwrite(cli, good, tmp_path):
     assert not (out / WORK_DIR).exists()
 
 
+def test_unusable_input_found_mid_run_leaves_no_work_behind(cli, tmp_path):
+    """A null found while partitioning (after the work dir was started): exit 2, and neither
+    the partial work nor the OUT this run created stay; work an earlier run left for --resume
+    is kept."""
+    from chainrows.bulk.job import WORK_DIR
+
+    t = _tables()
+    values = t["tokens"].column("call_id").to_pylist()
+    values[-1] = None
+    t["tokens"] = _set(t["tokens"], "call_id", pa.array(values, pa.string()))
+    data = write_dir(tmp_path / "data", t)
+    out = tmp_path / "out"
+    assert_clean_error(cli.run("reassemble", data, out, "--buckets", "3"), "has a null value")
+    assert not out.exists()
+    (out / WORK_DIR).mkdir(parents=True)
+    (out / WORK_DIR / "manifest.json").write_text("{}")
+    assert_clean_error(cli.run("reassemble", data, out, "--buckets", "3", "--resume"), "has a null value")
+    assert (out / WORK_DIR).is_dir()
+
+
 def test_a_failed_run_leaves_no_empty_out_of_its_making(cli, tmp_path):
     out = tmp_path / "new"
     res = cli.run("reassemble", tmp_path / "nope", out)
