@@ -12,6 +12,10 @@ Commit order: old ``report`` out, old ``rows`` out, new ``rows`` in, new ``repor
 single ``rename``). So a ``report`` present in ``out_dir`` always belongs to the ``rows`` next
 to it: the report is the commit marker. The only window is between those renames
 (microseconds): a crash there leaves a complete new ``rows`` and no ``report``.
+
+``check_destination`` is the one overwrite policy of every command that writes: the commit
+marker (the last name committed) in ``out_dir`` means a complete result, refused unless asked
+to overwrite; leftovers of interrupted runs never are; output and input never nest.
 """
 
 from __future__ import annotations
