@@ -357,6 +357,12 @@ MALFORMED = [
      "field 'model_call_id' is missing"),
     ("staged", 4, lambda lines: lines[:3] + [json.dumps(dict(json.loads(lines[3]), token_ids_delta=[1, "2"]))]
      + lines[4:], "field 'token_ids_delta' entry 1 must be an integer"),
+    ("staged", 5, lambda lines: lines[:4] + [json.dumps(dict(json.loads(lines[4]), token_ids_delta=[1, True]))]
+     + lines[5:], "field 'token_ids_delta' entry 1 must be an integer, got a boolean"),
+    ("staged", 5, lambda lines: lines[:4] + [json.dumps(dict(json.loads(lines[4]), token_ids_delta=[1, 2.0]))]
+     + lines[5:], "field 'token_ids_delta' entry 1 must be an integer, got the number 2.0"),
+    ("staged", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), token_mask_delta=[0, False]))] + lines[1:],
+     "field 'token_mask_delta' entry 1 must be a number, got a boolean"),
     ("receipts", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), reward="high"))], "field 'reward'"),
     ("results", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), response=[]))], "field 'response'"),
 ]

@@ -34,7 +34,7 @@ from chainrows.io.write import AtomicOutput
 
 DEFAULT_BUDGET = 2 << 30
 GZ_RATIO = 5  # assumed expansion of a .gz staged file, for sizing buckets
-BUCKET_SHARE = 3  # parsed staged calls take about 2x their JSON size; keep room for the rest
+BUCKET_SHARE = 8  # a bucket peaks near 4x its staged JSON in Python and numpy, 7-10x in RSS (docs/gym.md)
 VERIFY_BATCH_TOKENS = 1 << 22  # tokens handed to the verifier at a time
 LEDGER = LEDGER_SCHEMA.append(INTEGRITY_FIELD)
 TOKENS = TOKENS_SCHEMA.append(LOGPROBS_FIELD)
@@ -131,7 +131,7 @@ def _import_bucket(files: dict, sources: dict, verifier: Verifier, summary: GymS
                 for n, raw in sources["receipts"]]
     staged: dict[tuple[str, str], list[StagedCall]] = {}
     for n, raw in sources["staged"]:
-        st = parse_staged(parse_line(raw, files["staged"], n, "staged"))
+        st = parse_staged(parse_line(raw, files["staged"], n, "staged"), raw)
         staged.setdefault((st.rollout_id, st.model_call_id), []).append(st)
     results = [parse_result(parse_line(raw, files["results"], n, "results")) for n, raw in sources["results"]]
     summary.receipts += len(receipts)
@@ -175,9 +175,11 @@ def _verify(manifests: dict, staged: dict, verifier: Verifier) -> dict:
 
 
 def _collect(verifier: Verifier, batch: list, out: dict) -> None:
-    for (rid, _, _), checked in zip(batch, verifier.verify(batch)):
+    for (rid, _, staged), checked in zip(batch, verifier.verify(batch)):
         for cid, item in checked.items():
             out[(rid, cid)] = item
+            st = staged[cid]  # its table data is in item now: free the parsed arrays early
+            st.tokens = st.mask = st.logprobs = None
 
 
 def _ledger(receipts: list[Receipt], checked: dict) -> pa.Table:

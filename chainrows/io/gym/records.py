@@ -121,9 +121,17 @@ def _types_within(values: list, allowed: set) -> bool:
     return set(map(type, values)) <= allowed  # C-level scan: no Python loop per token
 
 
-def _int_array(o, name) -> tuple[np.ndarray, bool]:
-    """(uint64 ids, in_range): ids outside [0, 2**64) are kept wrapped, flagged for verify."""
+def _int_array(o, name, no_bools: bool) -> tuple[np.ndarray, bool]:
+    """(uint64 ids, in_range): ids outside [0, 2**64) are kept wrapped, flagged for verify.
+    ``no_bools``: the line holds no ``true``/``false`` at all, so numpy's own type inference is
+    an exact check (it would read a bool as 0/1); else every value's type is checked."""
     values = _numbers(o, name, "integers")
+    if no_bools and values:
+        arr = np.array(values)
+        if arr.dtype.kind == "u":
+            return arr.astype(np.uint64, copy=False), True
+        if arr.dtype.kind == "i":
+            return arr.astype(np.uint64), bool(arr.min() >= 0)
     if not _types_within(values, {int}):
         bad = next(i for i, v in enumerate(values) if type(v) is not int)
         raise o.error(f"entry {bad} must be an integer, got {_kind(values[bad])}", name)
@@ -133,8 +141,12 @@ def _int_array(o, name) -> tuple[np.ndarray, bool]:
         return np.array([v & 0xFFFFFFFFFFFFFFFF for v in values], dtype=np.uint64), False
 
 
-def _float_array(o, name) -> np.ndarray:
+def _float_array(o, name, no_bools: bool) -> np.ndarray:
     values = _numbers(o, name, "numbers")
+    if no_bools and values:
+        arr = np.array(values)
+        if arr.dtype.kind in "fiu":
+            return arr.astype(np.float64, copy=False)
     if not _types_within(values, {int, float}):
         bad = next(i for i, v in enumerate(values) if type(v) not in (int, float))
         raise o.error(f"entry {bad} must be a number, got {_kind(values[bad])}", name)
@@ -181,9 +193,12 @@ class StagedCall:
     line: int
 
 
-def parse_staged(r: Line) -> StagedCall:
+def parse_staged(r: Line, raw: bytes | None = None) -> StagedCall:
+    """``raw``: the line's bytes, when at hand (lets the number arrays skip a per-value type
+    scan when the line holds no JSON booleans)."""
+    no_bools = raw is not None and b"true" not in raw and b"false" not in raw
     ints = {f: _integer(r, f) for f in _INT_FIELDS}
-    tokens, in_range = _int_array(r, "token_ids_delta")
+    tokens, in_range = _int_array(r, "token_ids_delta", no_bools)
     extras = r.rec.get("extras")
     if extras is not None and not isinstance(extras, dict):
         raise r.error(f"must be an object or null, got {_kind(extras)}", "extras")
@@ -194,7 +209,8 @@ def parse_staged(r: Line) -> StagedCall:
         chain_hash=r.string("chain_hash", nullable=True, default=None),
         cumulative_hash=r.string("cumulative_hash", nullable=True, default=None),
         tokens=tokens, ids_in_u64=in_range,
-        mask=_float_array(r, "token_mask_delta"), logprobs=_float_array(r, "generation_log_probs_delta"),
+        mask=_float_array(r, "token_mask_delta", no_bools),
+        logprobs=_float_array(r, "generation_log_probs_delta", no_bools),
         extras=extras, line=r.line, **ints,
     )
 

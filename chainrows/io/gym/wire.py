@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import struct
 
 import numpy as np
@@ -151,5 +152,9 @@ def hash_parts(tag: bytes, parts) -> str:
     return h.hexdigest()
 
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
 def is_hex64(value) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    """64 lowercase hex characters."""
+    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
