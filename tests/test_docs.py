@@ -166,16 +166,22 @@ def test_python_dash_m_chainrows():
     assert bad.returncode == 2
 
 
-def test_integrity_error_column_is_ignored_as_format_md_says(tmp_path):
-    """format.md says this version ignores ledger.integrity_error; when it is read, update the doc."""
+def test_integrity_error_column_masks_what_format_md_says(tmp_path):
+    """format.md: a non-null ledger.integrity_error fails check 14 for a call a chain trains
+    (the text in the detail); on the rejected retry c4 it masks nothing."""
     run_block(marked_blocks(DOCS / "format.md")["write-dataset"], tmp_path)
     data = tmp_path / "my-dataset"
     ledger = pq.read_table(data / "ledger.parquet")
-    flagged = pa.array([None, None, None, None, "digest differs"], pa.string())
-    pq.write_table(ledger.append_column("integrity_error", flagged), data / "ledger.parquet")
-    _, report = chainrows.reassemble(str(data))
-    assert report.column("status").to_pylist() == ["ok", "ok"]
-    assert "does **not** read it" in (DOCS / "format.md").read_text(encoding="utf-8")
+    assert ledger.column("call_id").to_pylist() == ["c1", "c2", "c3", "c4", "c5"]
+    for flagged, want in ((["c4"], ["ok", "ok"]), (["c4", "c5"], ["ok", "masked"])):
+        column = pa.array([f"digest differs at {c}" if c in flagged else None
+                           for c in ledger.column("call_id").to_pylist()], pa.string())
+        pq.write_table(ledger.append_column("integrity_error", column), data / "ledger.parquet")
+        _, report = chainrows.reassemble(str(data))
+        assert report.column("status").to_pylist() == want
+    assert report.column("reason").to_pylist() == [None, "hash_mismatch"]
+    assert report.column("detail").to_pylist()[1] == "integrity_error is set: call c5: digest differs at c5"
+    assert "`integrity_error is set: call <call_id>: <text>`" in (DOCS / "format.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("doc", ["format.md", "reasons.md", "trainers.md"])
