@@ -43,7 +43,10 @@ def cmd_import_gym(a: argparse.Namespace) -> int:
     check_destination(a.out, TABLES, inputs=[a.dump], overwrite=a.overwrite)
     t0 = time.perf_counter()
     summary = import_gym(a.dump, a.out, memory_budget=a.memory_budget or DEFAULT_BUDGET, threads=a.threads)
+    from chainrows.cli import _wrote
+
     print(f"chainrows import-gym {a.dump} -> {a.out}")
+    print(f"wrote {_wrote(a.out, TABLES)}")
     print(summary.format())
     print(f"{'time':<22} {time.perf_counter() - t0:.2f} s")
     return 0
@@ -62,7 +65,11 @@ def cmd_export_gym(a: argparse.Namespace) -> int:
         raise OutputExistsError(Path(a.out), out / "receipts.jsonl.gz")
     t0 = time.perf_counter()
     counts = export_gym(a.ledger, a.tokens, a.results, a.out)
+    from chainrows.progress import human_bytes
+
     print(f"chainrows export-gym -> {a.out}")
+    print("wrote " + ", ".join(f"{out / n} ({human_bytes((out / n).stat().st_size)})"
+                               for n in ("receipts.jsonl", "staged.jsonl", "results.jsonl")))
     for key in ("rollouts", "calls", "staged"):
         print(f"{key:<10} {counts[key]:,}")
     print(f"{'time':<10} {time.perf_counter() - t0:.2f} s")
