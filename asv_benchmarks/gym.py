@@ -136,7 +136,7 @@ def sha_floor(buffers: list, threads: int) -> float:
     return best
 
 
-def time_import(rollouts: int, threads: int, seed: int = 0, repeats: int = 2) -> float:
+def import_seconds(rollouts: int, threads: int, seed: int = 0, repeats: int = 2) -> float:
     from chainrows.io.gym import import_gym
 
     dump = dump_dir(rollouts, seed)
@@ -165,7 +165,7 @@ def parsed_rollouts(rollouts: int, seed: int = 0) -> list:
     return [(rc.rollout_id, rc.manifest, staged.get(rc.rollout_id, {})) for rc in receipts]
 
 
-def time_verify(parsed: list, threads: int, repeats: int = 3) -> float:
+def verify_seconds(parsed: list, threads: int, repeats: int = 3) -> float:
     """Seconds for the verifier alone (structural checks + every SHA-256) on parsed calls."""
     from chainrows.io.gym.verify import Verifier
 
@@ -210,7 +210,7 @@ class ImportGym:
         shutil.rmtree(out, ignore_errors=True)
 
     def time_verify_only(self, rollouts, threads):
-        time_verify(self.parsed, threads, repeats=1)
+        verify_seconds(self.parsed, threads, repeats=1)
 
     def time_sha256_staged_floor(self, rollouts, threads):
         sha_floor(self.buffers["staged"], threads)
@@ -241,9 +241,9 @@ def main(argv=None) -> int:
         row = []
         for threads in (1, 2):
             if name == "import":
-                seconds = time_import(n, threads)
+                seconds = import_seconds(n, threads)
             elif name == "verify":
-                seconds = time_verify(parsed, threads)
+                seconds = verify_seconds(parsed, threads)
             else:
                 seconds = sha_floor(buffers[name], threads)
             rate = mb / seconds if name != "checks" else check_mb / seconds

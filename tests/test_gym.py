@@ -62,7 +62,8 @@ def _digest(staged: dict) -> str:
     tokens = np.array(staged["token_ids_delta"], dtype=np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
         lp = np.array(staged["generation_log_probs_delta"], np.float64).astype(np.float32)
-    parts = W.digest_payload(ns, W.ids_body(tokens), np.array(staged["token_mask_delta"], np.float32), lp)
+    parts = W.digest_payload(ns, W.ids_body(tokens), W.f32_body(np.array(staged["token_mask_delta"], np.float32)),
+                             W.f32_body(lp))
     return W.hash_parts(W.CALL_TAG, parts)
 
 
@@ -186,6 +187,48 @@ def test_fingerprint_samples_of_nemo_gym_section_3():
     assert fingerprint(reasoning) == "4b3255a4d475d16096c5077c1134075f45c53b6178fec7e4d1ff62f975f6b05a"
     assert fingerprint(dict(reasoning, id="rs_1", generation_token_ids=[1, 2], encrypted_content=None)) \
         == fingerprint(reasoning)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_batch_array_checks_match_their_per_call_definition(seed):
+    """verify._Arrays decides the id, mask and logprob checks of a whole batch in numpy passes;
+    each flag must equal its plain per-call definition (random calls, empty ones and
+    mismatched lengths included)."""
+    rng = random.Random(seed)
+    calls = []
+    for _ in range(rng.randint(0, 12)):
+        n = rng.choice((0, 1, 2, 5, 9))
+        shape = rng.choice(("ok", "ok", "zeros", "ones", "mixed", "junk"))
+        carry = rng.randint(0, n)
+        mask = {"ok": [0.0] * carry + [1.0] * (n - carry), "zeros": [0.0] * n, "ones": [1.0] * n,
+                "mixed": [rng.choice((0.0, 1.0)) for _ in range(n)],
+                "junk": [rng.choice((0.0, 1.0, 0.5, -1.0)) for _ in range(n)]}[shape]
+        if rng.random() < 0.15:
+            mask = mask + [1.0]
+        lp = [0.0 if m == 0.0 and rng.random() < 0.8 else rng.choice((-0.5, 0.0, float("nan"), -1e39))
+              for m in mask]
+        if rng.random() < 0.15:
+            lp = lp[:-1]
+        ids = [rng.choice((3, 7, 2**31 - 1, 2**31, 2**40)) for _ in range(n)]
+        calls.append(SimpleNamespace(tokens=np.array(ids, np.uint64), mask=np.array(mask, np.float64),
+                                     logprobs=np.array(lp, np.float64)))
+    arrays = V._Arrays(calls)
+    for i, c in enumerate(calls):
+        gen = int(np.count_nonzero(c.mask == 1.0))
+        carry = len(c.mask) - gen
+        valid = gen > 0 and list(c.mask) == [0.0] * carry + [1.0] * gen
+        with np.errstate(over="ignore", invalid="ignore"):
+            lp32 = c.logprobs.astype(np.float32)
+        assert arrays.gen_len[i] == gen
+        assert arrays.mask_bad[i] == (not valid)
+        assert arrays.beyond_int32[i] == bool(np.any(c.tokens > 2**31 - 1))
+        assert arrays.lp_nonfinite[i] == (not np.isfinite(lp32).all())
+        if len(c.mask) == len(c.logprobs):
+            assert arrays.lp_carry[i] == bool(np.any(lp32[:carry] != 0.0)) or not valid
+        assert list(arrays.checked(i, None).tokens) == list(c.tokens.astype(np.uint32).view(np.int32))
+        body, mask_body, lp_body = arrays.digest_bodies(i)
+        assert bytes(body) == W.ids_body(c.tokens) and bytes(lp_body) == W.f32_body(lp32)
+        assert bytes(mask_body) == W.f32_body(c.mask.astype(np.float32))
 
 
 def test_extras_encoding():

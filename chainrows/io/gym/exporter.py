@@ -116,7 +116,7 @@ def _records(rid: str, ro: _Rollout, tokens: dict) -> tuple[list, list]:
                    chain_hash=W.hash_parts(W.CHAIN_TAG, W.chain_payload(p["chain_hash"] if p else None, body, n)),
                    cumulative_hash=W.hash_parts(W.PREFIX_TAG, [W.u64(total)] + full))
         ns = _NS(rollout_id=rid, **rec)
-        rec["digest"] = W.hash_parts(W.CALL_TAG, W.digest_payload(ns, body, mask, lp32))
+        rec["digest"] = W.hash_parts(W.CALL_TAG, W.digest_payload(ns, body, W.f32_body(mask), W.f32_body(lp32)))
         rec.update(_full=full, _total=total,
                    _staged=dict(token_ids_delta=list(ids), token_mask_delta=mask.astype(float).tolist(),
                                 generation_log_probs_delta=lp32.astype(float).tolist()))

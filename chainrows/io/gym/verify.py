@@ -7,12 +7,14 @@ ids fit u64 and int32; the mask is carry (0.0) then generation (1.0); logprobs a
 float32 and 0.0 on the carry; hash fields are 64 hex; then the recomputed extras digest, chain
 hash (seeded with the parent's *recorded* chain hash), cumulative hash and staging digest.
 
-The structural checks are numpy per call. The SHA-256s of a batch of rollouts run on a thread
-pool (hashlib releases the GIL on buffers over 2 KiB); each call's ids() body is serialized
-once and shared by its chain hash, its staging digest and every descendant's cumulative hash.
+The array checks (ids, mask, logprobs) run over a whole batch of calls in a few numpy passes;
+the scalar ones per call. The batch's ids() bodies are serialized once, and each call's body is
+a memoryview of them shared by its chain hash, its staging digest and every descendant's
+cumulative hash. The SHA-256s of a batch run on a thread pool (hashlib releases the GIL on
+buffers over 2 KiB).
 The cumulative hash's input starts with the length of the *whole* sequence, so it cannot
 extend the parent's SHA-256 state: each call hashes its full prefix again from the shared
-bodies (docs/gym.md, "Cost").
+bodies (docs/gym.md, "Memory and speed").
 """
 
 from __future__ import annotations
@@ -68,8 +70,86 @@ class Checked:
     chain_hash: int = 0  # SPEC §2 XXH3-64, seeded with the parent's (filled by the importer)
 
 
+def _segment_counts(x: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """Per segment ``x[off[i]:off[i+1]]`` (bool) its number of True (empty segments give 0)."""
+    cs = np.zeros(len(x) + 1, dtype=np.int64)
+    np.cumsum(x.view(np.uint8), dtype=np.int64, out=cs[1:])  # a bool cumsum casts 3x slower
+    return cs[off[1:]] - cs[off[:-1]]
+
+
+def _segment_any(bad: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """Per segment: some entry of ``bad`` is True. Fast when bad is sparse (clean data)."""
+    out = np.zeros(len(off) - 1, dtype=bool)
+    pos = np.flatnonzero(bad)
+    if len(pos):
+        out[np.searchsorted(off, pos, side="right") - 1] = True  # empty segments share a start
+    return out
+
+
+def _offsets(lengths) -> np.ndarray:
+    off = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return off
+
+
+def _concat(parts: list, dtype) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+class _Arrays:
+    """The staged calls of a batch concatenated: the array checks for all of them in a few
+    numpy passes, and per call views (int32 tokens, float32 logprobs) and serialized bodies."""
+
+    def __init__(self, calls: list):
+        self.tok_off = _offsets([len(c.tokens) for c in calls])
+        self.mask_off = _offsets([len(c.mask) for c in calls])
+        self.lp_off = _offsets([len(c.logprobs) for c in calls])
+        tokens = _concat([c.tokens for c in calls], np.uint64)
+        mask = _concat([c.mask for c in calls], np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.lp32 = _concat([c.logprobs for c in calls], np.float64).astype(np.float32)
+        gen = mask == 1.0
+        self.gen_len = _segment_counts(gen, self.mask_off)
+        # carry then generation: only 0.0 and 1.0, no 0.0 right after a 1.0 inside a call, a 1.0
+        drop = np.flatnonzero(gen[:-1] & ~gen[1:]) + 1
+        inside = drop[self.mask_off[np.searchsorted(self.mask_off, drop, side="right") - 1] != drop]
+        self.mask_bad = (self.gen_len == 0) | _segment_any(~(gen | (mask == 0.0)), self.mask_off)
+        self.mask_bad[np.searchsorted(self.mask_off, inside, side="right") - 1] = True
+        if np.array_equal(self.mask_off, self.lp_off):
+            lp_gen = gen
+        else:  # some call's counts differ (it fails the length check first): align by position
+            lp_gen = _expected_generation(self.lp_off, np.minimum(np.diff(self.mask_off) - self.gen_len,
+                                                                  np.diff(self.lp_off)))
+        self.lp_nonfinite = _segment_any(~np.isfinite(self.lp32), self.lp_off)
+        self.lp_carry = _segment_any((self.lp32 != 0.0) & ~lp_gen, self.lp_off)
+        self.beyond_int32 = _segment_any(tokens > INT32_MAX, self.tok_off)
+        self.tokens32 = tokens.astype(np.uint32).view(np.int32)
+        self._ids = memoryview(W.ids_body(tokens))
+        self._mask = memoryview(W.f32_body(mask.astype(np.float32)))
+        self._lp = memoryview(W.f32_body(self.lp32))
+
+    def body(self, i: int):
+        return self._ids[8 * self.tok_off[i]:8 * self.tok_off[i + 1]]
+
+    def digest_bodies(self, i: int) -> tuple:
+        return (self.body(i), self._mask[4 * self.mask_off[i]:4 * self.mask_off[i + 1]],
+                self._lp[4 * self.lp_off[i]:4 * self.lp_off[i + 1]])
+
+    def checked(self, i: int, error: str | None) -> "Checked":
+        return Checked(error, self.tokens32[self.tok_off[i]:self.tok_off[i + 1]],
+                       self.lp32[self.lp_off[i]:self.lp_off[i + 1]], int(self.gen_len[i]))
+
+
+def _expected_generation(off: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """Per position: True where it lies at or after its segment's carry (a generated token)."""
+    n = np.diff(off)
+    pos = np.arange(off[-1], dtype=np.int64) - np.repeat(off[:-1], n)
+    return pos >= np.repeat(carry, n)
+
+
 def _structural(rollout_id: str, rec: CallRecord, st: StagedCall, parent: CallRecord | None,
-                has_parent_record: bool, lp32: np.ndarray) -> str | None:
+                arrays: _Arrays, i: int) -> str | None:
+    """The checks before the hashes, in the documented order (array checks read from ``arrays``)."""
     for name in SHARED:
         if getattr(rec, name) != getattr(st, name):
             return DISAGREE.format(name)
@@ -78,10 +158,9 @@ def _structural(rollout_id: str, rec: CallRecord, st: StagedCall, parent: CallRe
     if (st.schema_version not in W.SCHEMA_VERSIONS or st.digest_version != W.DIGEST_VERSION
             or st.extras_digest_version != W.EXTRAS_DIGEST_VERSION):
         return VERSION
-    n = len(st.tokens)
-    if not (n == st.delta_len == len(st.mask) == len(st.logprobs)):
+    if not (len(st.tokens) == st.delta_len == len(st.mask) == len(st.logprobs)):
         return LENGTHS
-    if not all(0 <= v < W.U64_LIMIT for v in (st.prev_len, st.delta_len, st.cum_len, st.weight_version)):
+    if min(st.prev_len, st.delta_len, st.cum_len, st.weight_version) < 0:
         return RANGE
     if st.cum_len != st.prev_len + st.delta_len:
         return CUM_LEN
@@ -90,22 +169,19 @@ def _structural(rollout_id: str, rec: CallRecord, st: StagedCall, parent: CallRe
         return ROOT_SHAPE
     if not st.ids_in_u64:
         return TOKEN_U64
-    if n and int(st.tokens.max()) > INT32_MAX:
+    if arrays.beyond_int32[i]:
         return TOKEN_INT32
-    gen = st.mask == 1.0
-    carry = int(n - np.count_nonzero(gen))
-    if not gen.any() or not (st.mask[:carry] == 0.0).all() or not gen[carry:].all():
+    if arrays.mask_bad[i]:
         return MASK
-    if not np.isfinite(lp32).all():
+    if arrays.lp_nonfinite[i]:
         return LOGPROB_FINITE
-    if (lp32[:carry] != 0.0).any():
+    if arrays.lp_carry[i]:
         return LOGPROB_CARRY
-    hashes = (st.digest, st.extras_digest, st.chain_hash, st.cumulative_hash)
     nullable = st.schema_version == 2
-    if not (W.is_hex64(hashes[0]) and W.is_hex64(hashes[1])
-            and all(W.is_hex64(h) or (h is None and nullable) for h in hashes[2:])):
+    if not (W.is_hex64(st.digest) and W.is_hex64(st.extras_digest)
+            and all(W.is_hex64(h) or (h is None and nullable) for h in (st.chain_hash, st.cumulative_hash))):
         return HEX
-    if not root and not has_parent_record:
+    if not root and parent is None:
         return NO_PARENT
     if not root and parent.chain_hash is None and st.chain_hash is not None:
         return NO_PARENT_CHAIN
@@ -145,55 +221,55 @@ class Verifier:
     def verify(self, rollouts: list) -> list[dict]:
         """``rollouts``: (rollout_id, records, staged) with ``staged``: model_call_id ->
         StagedCall. Returns per rollout a dict model_call_id -> Checked for every record with
-        a staged call."""
+        a staged call (the first record of a repeated call id)."""
+        pairs = []  # (rollout index, record, staged call), the calls of the batch
+        index = []  # per rollout: its records by id, and call id -> position in pairs
+        for r, (_, records, staged) in enumerate(rollouts):
+            by_id, mine = {}, {}
+            for rec in records:
+                by_id.setdefault(rec.model_call_id, rec)
+            for rec in by_id.values():
+                if rec.model_call_id in staged:
+                    mine[rec.model_call_id] = len(pairs)
+                    pairs.append((r, rec, staged[rec.model_call_id]))
+            index.append((by_id, mine))
+        arrays = _Arrays([st for _, _, st in pairs])
         jobs: list = []  # (Checked, check text, expected hex, tag, parts)
-        results = []
-        for rollout_id, records, staged in rollouts:
-            results.append(self._prepare(rollout_id, records, staged, jobs))
+        results = [{} for _ in rollouts]
+        for i, (r, rec, st) in enumerate(pairs):
+            rollout_id = rollouts[r][0]
+            by_id, mine = index[r]
+            parent = by_id.get(rec.parent_call_id) if rec.parent_call_id is not None else None
+            item = arrays.checked(i, _structural(rollout_id, rec, st, parent, arrays, i))
+            results[r][rec.model_call_id] = item
+            if item.error is None:
+                item.error = self._queue(item, rec, st, parent, by_id, mine, arrays, i, jobs)
         self._run(jobs)
         return results
 
-    def _prepare(self, rollout_id: str, records: list, staged: dict, jobs: list) -> dict:
-        by_id = {}
-        for rec in records:
-            by_id.setdefault(rec.model_call_id, rec)
-        bodies = {cid: W.ids_body(st.tokens) for cid, st in staged.items() if cid in by_id}
-        out = {}
-        for rec in records:
-            st = staged.get(rec.model_call_id)
-            if st is None or rec.model_call_id in out:
-                continue
-            with np.errstate(over="ignore", invalid="ignore"):
-                lp32 = st.logprobs.astype(np.float32)
-            mask = st.mask.astype(np.float32)
-            parent = by_id.get(rec.parent_call_id) if rec.parent_call_id is not None else None
-            error = _structural(rollout_id, rec, st, parent, parent is not None, lp32)
-            tokens32 = st.tokens.astype(np.uint32).view(np.int32)
-            item = Checked(error, tokens32, lp32, int(np.count_nonzero(st.mask == 1.0)))
-            out[rec.model_call_id] = item
-            if error is not None:
-                continue
-            try:
-                extras_payload = b"\x01" + W.enc(st.extras)
-            except W.ExtrasError:
-                item.error = EXTRAS_ENC
-                continue
-            chain_of = _ancestors(rec, by_id)
-            if chain_of is None or any(a.model_call_id not in bodies for a in chain_of):
-                item.error = NO_PARENT if chain_of is None else NO_PREFIX
-                continue
-            body = bodies[rec.model_call_id]
-            n = len(st.tokens)
-            total = n + sum(len(staged[a.model_call_id].tokens) for a in chain_of)
-            prefix = [W.u64(total)] + [bodies[a.model_call_id] for a in chain_of] + [body]
-            jobs.append((item, EXTRAS, st.extras_digest, W.EXTRAS_TAG, [extras_payload]))
-            if st.chain_hash is not None:
-                seed = parent.chain_hash if parent is not None else None
-                jobs.append((item, CHAIN, st.chain_hash, W.CHAIN_TAG, W.chain_payload(seed, body, n)))
-            if st.cumulative_hash is not None:
-                jobs.append((item, CUMULATIVE, st.cumulative_hash, W.PREFIX_TAG, prefix))
-            jobs.append((item, DIGEST, st.digest, W.CALL_TAG, W.digest_payload(st, body, mask, lp32)))
-        return out
+    @staticmethod
+    def _queue(item, rec, st, parent, by_id, mine, arrays: _Arrays, i: int, jobs: list) -> str | None:
+        """Queue the call's hash checks (in check order); or return the check that already fails."""
+        try:
+            extras_payload = b"\x01" + W.enc(st.extras)
+        except W.ExtrasError:
+            return EXTRAS_ENC
+        chain_of = _ancestors(rec, by_id)
+        if chain_of is None:
+            return NO_PARENT
+        if any(a.model_call_id not in mine for a in chain_of):
+            return NO_PREFIX
+        body, mask_body, lp_body = arrays.digest_bodies(i)
+        ancestors = [arrays.body(mine[a.model_call_id]) for a in chain_of]
+        total = (len(body) + sum(len(b) for b in ancestors)) // 8
+        jobs.append((item, EXTRAS, st.extras_digest, W.EXTRAS_TAG, [extras_payload]))
+        if st.chain_hash is not None:
+            seed = parent.chain_hash if parent is not None else None
+            jobs.append((item, CHAIN, st.chain_hash, W.CHAIN_TAG, W.chain_payload(seed, body, len(body) // 8)))
+        if st.cumulative_hash is not None:
+            jobs.append((item, CUMULATIVE, st.cumulative_hash, W.PREFIX_TAG, [W.u64(total), *ancestors, body]))
+        jobs.append((item, DIGEST, st.digest, W.CALL_TAG, W.digest_payload(st, body, mask_body, lp_body)))
+        return None
 
     def _run(self, jobs: list) -> None:
         """Hash every job, then record each call's first failing hash check (jobs of a call are

@@ -121,11 +121,17 @@ def chain_payload(parent_chain_hash: str | None, body: bytes, n: int) -> list:
     return [head + _U64.pack(n), body]
 
 
-def digest_payload(call, token_body: bytes, mask: np.ndarray, logprobs: np.ndarray) -> list:
+def f32_body(values: np.ndarray) -> bytes:
+    """The f32s() payload without its length prefix: every value as big-endian binary32."""
+    return values.astype(">f4", copy=False).tobytes()
+
+
+def digest_payload(call, token_body, mask_body, logprob_body) -> list:
     """The staging digest input after its tag, as buffers to feed in order. ``call``: the staged
-    call's scalar fields (attributes as in chainrows.io.gym.records.StagedCall); a null
-    chain/cumulative hash (wire schema 2) is fed as 0x00."""
-    n = len(mask)
+    call's scalar fields (attributes as in chainrows.io.gym.records.StagedCall); the bodies are
+    ids_body / f32_body bytes (or memoryviews of them). A null chain/cumulative hash (wire
+    schema 2) is fed as 0x00."""
+    n, m, k = len(token_body) // 8, len(mask_body) // 4, len(logprob_body) // 4
     head = b"".join((
         bytes((call.schema_version, call.digest_version, call.extras_digest_version)),
         text(call.rollout_id), text(call.model_call_id), opt_text(call.parent_call_id), text(call.mode),
@@ -133,11 +139,10 @@ def digest_payload(call, token_body: bytes, mask: np.ndarray, logprobs: np.ndarr
         _U64.pack(call.weight_version),
         _U64.pack(8 + 8 * n), _U64.pack(n),
     ))
-    tail = b"".join((
-        bytes_lp(f32s(mask)), bytes_lp(f32s(logprobs)), raw32(call.extras_digest),
-        _opt_raw32(call.chain_hash), _opt_raw32(call.cumulative_hash),
-    ))
-    return [head, token_body, tail]
+    mid = _U64.pack(8 + 4 * m) + _U64.pack(m)
+    lp_head = _U64.pack(8 + 4 * k) + _U64.pack(k)
+    tail = raw32(call.extras_digest) + _opt_raw32(call.chain_hash) + _opt_raw32(call.cumulative_hash)
+    return [head, token_body, mid, mask_body, lp_head, logprob_body, tail]
 
 
 def _opt_raw32(h: str | None) -> bytes:

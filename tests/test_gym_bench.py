@@ -1,0 +1,43 @@
+"""Smoke test of asv_benchmarks/gym.py at a tiny size: the asv class and the one-run script run
+and print every figure. No timing is asserted."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # asv_benchmarks lives at the repo root, next to chainrows
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(autouse=True)
+def _bench_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHAINROWS_BENCH_CACHE", str(tmp_path / "bench-cache"))
+
+
+def test_asv_class_runs_every_benchmark():
+    from asv_benchmarks.gym import ImportGym
+
+    methods = [m for m in dir(ImportGym) if m.startswith("time_")]
+    assert len(methods) == 4
+    bench = ImportGym()
+    for threads in (1, 2):
+        bench.setup(2, threads)
+        try:
+            for m in methods:
+                getattr(bench, m)(2, threads)
+        finally:
+            bench.teardown(2, threads)
+
+
+def test_one_run_script_prints_ratios(capsys):
+    from asv_benchmarks import gym
+
+    assert gym.main(["--rollouts", "2"]) == 0
+    out = capsys.readouterr().out
+    for label in ("import_gym MB/s", "verifier alone MB/s", "sha256 staged floor", "sha256 checks floor"):
+        assert label in out
+    assert out.count("/ staged floor") == 4
