@@ -222,9 +222,14 @@ class ImportGym:
 # ----------------------------------------------------------------------------- one run
 
 def main(argv=None) -> int:
+    global CALLS, CARRY, GEN
     p = argparse.ArgumentParser(prog="python -m asv_benchmarks.gym", description=__doc__.splitlines()[0])
-    p.add_argument("--rollouts", type=int, default=256, help="rollouts in the dump (default 256, ~40 MB staged.jsonl)")
+    p.add_argument("--rollouts", type=int, default=256, help="rollouts in the dump (default 256: 29 MB staged.jsonl)")
+    p.add_argument("--calls", type=int, default=CALLS, help=f"calls per rollout, one chain (default {CALLS})")
+    p.add_argument("--carry", type=int, default=CARRY, help=f"observation tokens per delta (default {CARRY})")
+    p.add_argument("--gen", type=int, default=GEN, help=f"generated tokens per delta (default {GEN})")
     args = p.parse_args(argv)
+    CALLS, CARRY, GEN = args.calls, args.carry, args.gen
     n = args.rollouts
     dump = dump_dir(n)
     mb = staged_tokens(n) * TOKEN_BYTES / 1e6

@@ -30,7 +30,7 @@ from chainrows.io.gym import wire as W
 from chainrows.io.gym.records import SHARED, CallRecord, StagedCall
 
 INT32_MAX = (1 << 31) - 1
-CHUNK_BYTES = 8 << 20  # hashing work handed to a thread at a time
+CHUNK_BYTES = 4 << 20  # hashing work handed to a thread at a time
 
 # Check texts (ledger.integrity_error); docs/gym.md lists them, tests name them.
 DISAGREE = "record and staged call disagree on {}"
@@ -234,7 +234,7 @@ class Verifier:
                     pairs.append((r, rec, staged[rec.model_call_id]))
             index.append((by_id, mine))
         arrays = _Arrays([st for _, _, st in pairs])
-        jobs: list = []  # (Checked, check text, expected hex, tag, parts)
+        jobs = _Jobs(self._pool)
         results = [{} for _ in rollouts]
         for i, (r, rec, st) in enumerate(pairs):
             rollout_id = rollouts[r][0]
@@ -244,11 +244,11 @@ class Verifier:
             results[r][rec.model_call_id] = item
             if item.error is None:
                 item.error = self._queue(item, rec, st, parent, by_id, mine, arrays, i, jobs)
-        self._run(jobs)
+        jobs.finish()
         return results
 
     @staticmethod
-    def _queue(item, rec, st, parent, by_id, mine, arrays: _Arrays, i: int, jobs: list) -> str | None:
+    def _queue(item, rec, st, parent, by_id, mine, arrays: _Arrays, i: int, jobs: "_Jobs") -> str | None:
         """Queue the call's hash checks (in check order); or return the check that already fails."""
         try:
             extras_payload = b"\x01" + W.enc(st.extras)
@@ -261,30 +261,44 @@ class Verifier:
             return NO_PREFIX
         body, mask_body, lp_body = arrays.digest_bodies(i)
         ancestors = [arrays.body(mine[a.model_call_id]) for a in chain_of]
-        total = (len(body) + sum(len(b) for b in ancestors)) // 8
-        jobs.append((item, EXTRAS, st.extras_digest, W.EXTRAS_TAG, [extras_payload]))
+        n = len(body)
+        prefix = n + sum(len(b) for b in ancestors)
+        jobs.add(item, EXTRAS, st.extras_digest, W.EXTRAS_TAG, [extras_payload], len(extras_payload))
         if st.chain_hash is not None:
             seed = parent.chain_hash if parent is not None else None
-            jobs.append((item, CHAIN, st.chain_hash, W.CHAIN_TAG, W.chain_payload(seed, body, len(body) // 8)))
+            jobs.add(item, CHAIN, st.chain_hash, W.CHAIN_TAG, W.chain_payload(seed, body, n // 8), n)
         if st.cumulative_hash is not None:
-            jobs.append((item, CUMULATIVE, st.cumulative_hash, W.PREFIX_TAG, [W.u64(total), *ancestors, body]))
-        jobs.append((item, DIGEST, st.digest, W.CALL_TAG, W.digest_payload(st, body, mask_body, lp_body)))
+            jobs.add(item, CUMULATIVE, st.cumulative_hash, W.PREFIX_TAG, [W.u64(prefix // 8), *ancestors, body],
+                     prefix)
+        jobs.add(item, DIGEST, st.digest, W.CALL_TAG, W.digest_payload(st, body, mask_body, lp_body),
+                 n + len(mask_body) + len(lp_body))
         return None
 
-    def _run(self, jobs: list) -> None:
-        """Hash every job, then record each call's first failing hash check (jobs of a call are
-        queued in check order)."""
-        chunks, size, current = [], 0, []
-        for job in jobs:
-            current.append(job)
-            size += sum(len(p) for p in job[4])
-            if size >= CHUNK_BYTES:
-                chunks.append(current)
-                current, size = [], 0
-        if current:
-            chunks.append(current)
-        digests = self._pool.map(_hash_chunk, chunks) if self._pool and len(chunks) > 1 else map(_hash_chunk, chunks)
-        for chunk, got in zip(chunks, digests):
+
+class _Jobs:
+    """Hash checks in queue order, handed to the pool a chunk at a time while more are queued
+    (so hashing overlaps the Python that prepares the rest); ``finish`` then records each
+    call's first failing hash check (a call's checks are queued in check order)."""
+
+    def __init__(self, pool):
+        self.pool, self.done, self.current, self.size = pool, [], [], 0
+
+    def add(self, item, check: str, want: str, tag: bytes, parts: list, size: int) -> None:
+        self.current.append((item, check, want, tag, parts))
+        self.size += size
+        if self.size >= CHUNK_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.current:
+            chunk = self.current
+            self.done.append((chunk, self.pool.submit(_hash_chunk, chunk) if self.pool else None))
+            self.current, self.size = [], 0
+
+    def finish(self) -> None:
+        self._flush()
+        for chunk, future in self.done:
+            got = future.result() if future is not None else _hash_chunk(chunk)
             for (item, check, want, _, _), value in zip(chunk, got):
                 if item.error is None and value != want:
                     item.error = check
