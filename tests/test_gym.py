@@ -17,6 +17,7 @@ import xxhash
 
 import chainrows
 from chainrows.cli import main
+from chainrows.io.dataset import read_dataset
 from chainrows.io.errors import InputError
 from chainrows.io.gym import export_gym, import_gym
 from chainrows.io.gym import verify as V
@@ -313,7 +314,7 @@ def test_ledger_mapping_and_chain_hash(tmp_path):
     item keys the fingerprints' first 8 bytes; the integrity_error column is written."""
     dump = _export(tmp_path, _doc_raw(tmp_path))
     import_gym(dump, tmp_path / "ds")
-    ds = chainrows.io.dataset.read_dataset(tmp_path / "ds")
+    ds = read_dataset(tmp_path / "ds")
     ledger = {r["call_id"]: r for r in ds.ledger.to_pylist()}
     tokens = {r["call_id"]: r["tokens"] for r in ds.tokens.to_pylist()}
     seed1 = xxhash.xxh3_64_intdigest(np.array(tokens["c1"], "<i4").tobytes(), 0)
@@ -388,6 +389,29 @@ def test_any_staged_order_gzip_and_buckets_give_the_same_dataset(tmp_path):
     assert summary.buckets > 3
     assert (tmp_path / "bucketed" / "ledger").is_dir()  # one part per bucket
     assert _outcome(tmp_path / "bucketed") == want
+
+
+def test_hashing_on_the_pool_gives_what_hashing_inline_gives(tmp_path, monkeypatch):
+    """Every hash on the pool in tiny chunks (threads 2) or all inline (threads 1): the same
+    integrity_error per call, first failing check first (c5 below fails three hash checks)."""
+    raw = _random_raw(tmp_path, seed=11, n_rollouts=12)
+    dump = _export(tmp_path, raw)
+    staged = _read(dump, "staged")
+    for k, st in enumerate(staged[::3]):
+        st["token_ids_delta"][0] += 1  # chain, cumulative and staging digest all fail
+        if k % 2:
+            st["extras"] = {"k": k}  # and the extras digest, queued first
+    _write(dump, "staged", staged)
+    from chainrows.io.gym import verify
+
+    import_gym(dump, tmp_path / "inline", threads=1)
+    monkeypatch.setattr(verify, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(verify, "CHUNK_BYTES", 300)
+    import_gym(dump, tmp_path / "pool", threads=2)
+    errors = [read_dataset(tmp_path / d).ledger.column("integrity_error").to_pylist()
+              for d in ("inline", "pool")]
+    assert errors[0] == errors[1]
+    assert {V.EXTRAS, V.CHAIN} <= set(errors[0])
 
 
 # ----------------------------------------------------------------------------- malformed input

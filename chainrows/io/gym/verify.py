@@ -31,6 +31,7 @@ from chainrows.io.gym.records import SHARED, CallRecord, StagedCall
 
 INT32_MAX = (1 << 31) - 1
 CHUNK_BYTES = 4 << 20  # hashing work handed to a thread at a time
+POOL_MIN_BYTES = 64 << 10  # smaller inputs are hashed on the calling thread
 
 # Check texts (ledger.integrity_error); docs/gym.md lists them, tests name them.
 DISAGREE = "record and staged call disagree on {}"
@@ -276,36 +277,44 @@ class Verifier:
 
 
 class _Jobs:
-    """Hash checks in queue order, handed to the pool a chunk at a time while more are queued
-    (so hashing overlaps the Python that prepares the rest); ``finish`` then records each
-    call's first failing hash check (a call's checks are queued in check order)."""
+    """Hash checks in queue order. Large inputs go to the pool a chunk at a time while more are
+    queued (hashlib releases the GIL on them, so hashing overlaps the Python that prepares the
+    rest); small ones are hashed at once (they hold the GIL anyway: a thread only adds
+    hand-offs). ``finish`` then records each call's first failing hash check, in queue order
+    (a call's checks are queued in check order)."""
 
     def __init__(self, pool):
-        self.pool, self.done, self.current, self.size = pool, [], [], 0
+        self.pool, self.checks, self.values, self.pending = pool, [], [], []
+        self.current, self.size = [], 0
 
     def add(self, item, check: str, want: str, tag: bytes, parts: list, size: int) -> None:
-        self.current.append((item, check, want, tag, parts))
+        self.checks.append((item, check, want))
+        if self.pool is None or size < POOL_MIN_BYTES:
+            self.values.append(W.hash_parts(tag, parts))
+            return
+        self.values.append(None)
+        self.current.append((len(self.values) - 1, tag, parts))
         self.size += size
         if self.size >= CHUNK_BYTES:
             self._flush()
 
     def _flush(self) -> None:
         if self.current:
-            chunk = self.current
-            self.done.append((chunk, self.pool.submit(_hash_chunk, chunk) if self.pool else None))
+            self.pending.append((self.current, self.pool.submit(_hash_chunk, self.current)))
             self.current, self.size = [], 0
 
     def finish(self) -> None:
         self._flush()
-        for chunk, future in self.done:
-            got = future.result() if future is not None else _hash_chunk(chunk)
-            for (item, check, want, _, _), value in zip(chunk, got):
-                if item.error is None and value != want:
-                    item.error = check
+        for chunk, future in self.pending:
+            for (slot, _, _), value in zip(chunk, future.result()):
+                self.values[slot] = value
+        for (item, check, want), value in zip(self.checks, self.values):
+            if item.error is None and value != want:
+                item.error = check
 
 
 def _hash_chunk(chunk: list) -> list:
-    return [W.hash_parts(tag, parts) for _, _, _, tag, parts in chunk]
+    return [W.hash_parts(tag, parts) for _, tag, parts in chunk]
 
 
 def xxh3_chain(tokens32: np.ndarray, seed: int) -> int:
