@@ -567,6 +567,18 @@ def test_cli_round_trip(tmp_path, capsys):
     assert _report(tmp_path / "ds")["r1"]["status"] == "ok"
 
 
+@pytest.mark.parametrize("route", [[], ["--buckets", "3"], ["--steps", "3"]], ids=["memory", "spill", "stream"])
+def test_every_reassemble_path_reads_integrity_error(tmp_path, route):
+    import pyarrow.dataset as pads
+
+    import_gym(EXAMPLE / "dump", tmp_path / "ds")
+    assert main(["reassemble", str(tmp_path / "ds"), str(tmp_path / "out"), *route]) == 0
+    out = tmp_path / "out"
+    report = pads.dataset(out / "report.parquet" if (out / "report.parquet").exists() else out / "report").to_table()
+    got = {r["rollout_id"]: r["detail"] for r in report.to_pylist()}
+    assert got["r2"] == f"integrity_error is set: call c2: {V.CHAIN}" and got["r1"] is None
+
+
 # ----------------------------------------------------------------------------- the shipped example
 
 def test_example_dump_imports_and_is_what_the_exporter_writes(tmp_path):
