@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from chainrows.io.errors import InputError
+from chainrows.ray.source import ONE_LINE
 
 INSTALL_HINT = "the --ray path needs Ray Data: pip install 'chainrows[ray]'"
 
@@ -29,12 +31,13 @@ def connected(address: str | None, num_cpus: int | None = None):
     if ray.is_initialized():
         yield ray
         return
-    kwargs = {"include_dashboard": False, "log_to_driver": True}
+    # Ray's INFO lines would bury chainrows' own output; its warnings and progress bars stay
+    kwargs = {"include_dashboard": False, "log_to_driver": True, "logging_level": logging.WARNING}
     if address is None:
         ray.init(address="local", num_cpus=num_cpus, **kwargs)
     else:
         if address.startswith("ray://"):
-            kwargs = {}  # Ray Client takes no local-node options
+            kwargs = {"logging_level": logging.WARNING}  # Ray Client takes no local-node options
         ray.init(address=address, **kwargs)
     try:
         yield ray
@@ -44,15 +47,16 @@ def connected(address: str | None, num_cpus: int | None = None):
 
 def input_error_in(exc: BaseException) -> InputError | None:
     """The InputError a Ray task raised, found in the chain Ray wraps it in (RayTaskError,
-    Ray Data's UserCodeException, ``__cause__``), or None."""
-    seen, todo = set(), [exc]
+    Ray Data's retry wrapper, ``cause``, ``__cause__``, ``__context__``), or None. Ray Data
+    appends a note to its args; the message the task saw is kept in an attribute (set where
+    the task raised it, chainrows.ray.source), else the shortest text found is taken."""
+    seen, todo, found = set(), [exc], []
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
         if isinstance(e, InputError):
-            cause = getattr(e, "cause", None)  # a RayTaskError(InputError) holds the original
-            return cause if isinstance(cause, InputError) else InputError(e.args[0] if e.args else str(e))
+            found.append(getattr(e, ONE_LINE, None) or str(e.args[0] if e.args else e))
         todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
-    return None
+    return InputError(min(found, key=len)) if found else None

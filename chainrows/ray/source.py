@@ -179,9 +179,21 @@ def widen(table: pa.Table, name: str, file_index: int, row0: int, schema: pa.Sch
     return pa.Table.from_arrays(cols, schema=schema)
 
 
+ONE_LINE = "chainrows_message"  # attribute an InputError carries through Ray's wrapping
+
+
 def read_file(fs: pafs.FileSystem, tf: TableFiles, i: int, schema: pa.Schema, partitions: int):
     """Yield file ``i`` of table ``tf`` as wide blocks: the single-process reader's checks and
-    normalization (same InputError messages), batch by batch."""
+    normalization (same InputError messages), batch by batch. An InputError leaves with its
+    message also kept as an attribute, which survives pickling (Ray Data rewrites the args)."""
+    try:
+        yield from _read_file(fs, tf, i, schema, partitions)
+    except InputError as exc:
+        setattr(exc, ONE_LINE, str(exc))
+        raise
+
+
+def _read_file(fs, tf: TableFiles, i: int, schema: pa.Schema, partitions: int):
     path, label, present = tf.paths[i], tf.shown[i], tf.present[i]
     read_cols = [c for c in present if c in tf.columns]
     try:
