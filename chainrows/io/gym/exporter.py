@@ -16,10 +16,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
-from chainrows.io.errors import InputError
 from chainrows.io.gym import wire as W
 from chainrows.io.gym.fingerprints import fingerprint, is_model_authored
 from chainrows.io.jsonl import _float_list, _int32_list, _string_list, iter_records
@@ -37,8 +37,8 @@ class _Rollout:
 
 def export_gym(ledger_path, tokens_path, results_path, dump_dir: str | os.PathLike) -> dict:
     """Write ``receipts.jsonl``, ``staged.jsonl``, ``results.jsonl`` into ``dump_dir`` (earlier
-    files of those names are replaced, other files left alone). Raises InputError naming the
-    file and line on a malformed record. Returns counts (rollouts, calls, staged)."""
+    files of those names are replaced, other files left alone). Raises
+    chainrows.io.errors.InputError naming the file and line on a malformed record. Returns counts (rollouts, calls, staged)."""
     rollouts: dict[str, _Rollout] = {}
     for r in iter_records(ledger_path, "ledger"):
         rid, cid = r.string("rollout_id"), r.string("call_id")
@@ -115,7 +115,7 @@ def _records(rid: str, ro: _Rollout, tokens: dict) -> tuple[list, list]:
                    extras_digest=W.extras_digest(None),
                    chain_hash=W.hash_parts(W.CHAIN_TAG, W.chain_payload(p["chain_hash"] if p else None, body, n)),
                    cumulative_hash=W.hash_parts(W.PREFIX_TAG, [W.u64(total)] + full))
-        ns = _NS(rollout_id=rid, **rec)
+        ns = SimpleNamespace(rollout_id=rid, **rec)
         rec["digest"] = W.hash_parts(W.CALL_TAG, W.digest_payload(ns, body, W.f32_body(mask), W.f32_body(lp32)))
         rec.update(_full=full, _total=total,
                    _staged=dict(token_ids_delta=list(ids), token_mask_delta=mask.astype(float).tolist(),
@@ -132,11 +132,6 @@ def _records(rid: str, ro: _Rollout, tokens: dict) -> tuple[list, list]:
         if (rid, call["call_id"]) in tokens:
             staged.append(dict(shared, rollout_id=rid, **rec["_staged"]))
     return manifest, staged
-
-
-class _NS:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
 
 
 def _write(dump: Path, rollouts: dict, tokens: dict, results: list) -> dict:
@@ -201,4 +196,4 @@ def _orphan(rid: str, cid: str, ids: list, lps: list | None) -> dict:
                 token_mask_delta=[0.0] * n, generation_log_probs_delta=lp)
 
 
-__all__ = ["export_gym", "InputError"]
+__all__ = ["export_gym"]

@@ -36,6 +36,7 @@ DEFAULT_BUDGET = 2 << 30
 GZ_RATIO = 5  # assumed expansion of a .gz staged file, for sizing buckets
 BUCKET_SHARE = 8  # a bucket peaks near 4x its staged JSON in Python and numpy, 7-10x in RSS (docs/gym.md)
 VERIFY_BATCH_TOKENS = 1 << 22  # tokens handed to the verifier at a time
+MAX_BUCKETS = 512  # open files of the partition pass (one table at a time)
 LEDGER = LEDGER_SCHEMA.append(INTEGRITY_FIELD)
 TOKENS = TOKENS_SCHEMA.append(LOGPROBS_FIELD)
 
@@ -76,7 +77,7 @@ def import_gym(dump_dir: str | os.PathLike, dataset_dir: str | os.PathLike, *,
     files = dump_files(dump_dir)
     summary = GymSummary()
     staged_size = files["staged"].stat().st_size * (GZ_RATIO if files["staged"].suffix == ".gz" else 1)
-    k = max(1, math.ceil(staged_size / max(1, memory_budget // BUCKET_SHARE)))
+    k = min(MAX_BUCKETS, max(1, math.ceil(staged_size / max(1, memory_budget // BUCKET_SHARE))))
     summary.buckets = k
     with Verifier(threads) as verifier, AtomicOutput(dataset_dir, names=("ledger", "tokens", "rollouts")) as out:
         if k == 1:
