@@ -15,6 +15,7 @@ order gives the tables of the single-process run.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 
@@ -62,6 +63,8 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
         ctx = DataContext.get_current()
         if progress is not None:
             ctx.enable_progress_bars = progress
+        if progress is False:  # no bars: no "Starting execution" lines either
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
         n = buckets or max(TASKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)),
                            math.ceil(input_bytes / BUCKET_BYTES))
         try:
