@@ -12,7 +12,7 @@ token MB per second of ``import_gym`` (parse, verify, write). Two floors, each h
 over prebuilt buffers, on 1 and on 2 threads:
 
 - ``staged``: the staged token bytes once each (the issue's floor);
-- ``checks``: every byte the NEMO_GYM §4 checks must hash (staging digest, chain hash, extras
+- ``checks``: every byte the checks (docs/gym.md) must hash (staging digest, chain hash, extras
   and the cumulative hash, whose input is the whole sequence up to the call: it cannot reuse
   the parent's SHA-256 state, docs/gym.md).
 

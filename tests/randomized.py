@@ -175,7 +175,7 @@ def _corrupt(rng, kind, ledger, tokens, rollouts, logprobs, accepted_col):
         ledger.clear()
     elif kind == "null_lists" and L:
         L["item_ids"] = None
-    elif kind == "integrity_error" and L:  # an importer's own check failed (NEMO_GYM digests)
+    elif kind == "integrity_error" and L:  # an importer's own check failed (e.g. a NeMo Gym digest, docs/gym.md)
         L["integrity_error"] = rng.choice(("staging digest mismatch", "chain hash mismatch"))
 
 

@@ -1,5 +1,5 @@
 """``export_gym``: the raw JSON Lines that ``import-jsonl`` reads (docs/jsonl.md) -> a NeMo Gym
-dump with real digests, hashes and fingerprints (NEMO_GYM §1–§3, docs/gym.md).
+dump with real digests, hashes and fingerprints (docs/gym.md).
 
 Wire schema 3, digest version 2, extras digest version 1, no extras, weight_version 0. A
 ledger record with ``failed: true`` becomes a pending call of its receipt (no CallRecord, no

@@ -1,4 +1,4 @@
-"""NeMo Gym output-item fingerprints (NEMO_GYM §3): what ``output_items[*].fingerprint`` holds.
+"""NeMo Gym output-item fingerprints (docs/gym.md, "Output-item fingerprints"): what ``output_items[*].fingerprint`` holds.
 
 An independent reading of Gym's definition, not yet confirmed against Gym's runtime
 (docs/gym.md). Item keys of the imported dataset are the first 8 bytes of a fingerprint read

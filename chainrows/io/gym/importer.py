@@ -1,4 +1,4 @@
-"""``import_gym``: a NeMo Gym dump -> a verified SPEC §2 dataset (NEMO_GYM §4, docs/gym.md).
+"""``import_gym``: a NeMo Gym dump -> a verified SPEC §2 dataset (docs/gym.md).
 
 Memory stays bounded by ``memory_budget`` whatever the dump's size: when the staged file is
 larger than a bucket's share of the budget, a first pass parses every line once to route it by

@@ -1,4 +1,4 @@
-"""A NeMo Gym dump's layout and its three kinds of lines (NEMO_GYM §1), parsed and form-checked.
+"""A NeMo Gym dump's layout and its three kinds of lines (docs/gym.md, "The dump"), parsed and form-checked.
 
 A dump is a directory holding ``receipts.jsonl``, ``staged.jsonl`` and ``results.jsonl`` (each
 may be ``.jsonl.gz``). Every parser here checks *form* only (JSON types, required fields) and

@@ -1,4 +1,4 @@
-"""Verify staged calls against their CallRecords (NEMO_GYM §4): the checks, then the SHA-256s.
+"""Verify staged calls against their CallRecords (docs/gym.md, "Integrity failures"): the checks, then the SHA-256s.
 
 Per call, in this order, the first failure is the call's integrity error (its text is what
 ledger.integrity_error holds, docs/gym.md lists them): the record and the staged call agree;

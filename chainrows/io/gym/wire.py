@@ -1,4 +1,4 @@
-"""NeMo Gym's byte layouts (NEMO_GYM §2, docs/gym.md): encodings and SHA-256 values.
+"""NeMo Gym's byte layouts (docs/gym.md, "Byte layouts"): encodings and SHA-256 values.
 
 Token payloads are built with numpy in one conversion per call (``ids``: every id as a
 big-endian u64, ``f32s``: big-endian binary32), never per token. The SHA-256 of each domain
@@ -71,7 +71,7 @@ class ExtrasError(ValueError):
 
 
 def enc(value) -> bytes:
-    """The typed extras encoding (NEMO_GYM §2): N, B, I, F, S, L, D."""
+    """The typed extras encoding (docs/gym.md, "Byte layouts"): N, B, I, F, S, L, D."""
     out = bytearray()
     _enc(value, out)
     return bytes(out)
