@@ -127,7 +127,7 @@ class Advantages(_Stage):
 
 
 class ParquetToParquet(_Stage):
-    """Parquet dataset -> rows.parquet + report.parquet, against the pyarrow-only floor.
+    """Parquet dataset -> rows + report Parquet, against the pyarrow-only floor.
 
     ``time_chainrows``: ``chainrows.reassemble(dataset_dir)`` (reads the three tables with the
     project's reader), then ``pq.write_table`` of rows and report. ``time_pyarrow_floor``: read the
@@ -251,7 +251,7 @@ class BulkShapes:
         self.src = dataset(shape, gb)
         self.out = Path(tempfile.mkdtemp(prefix="chainrows-asv-bulk-"))
         self.run(self.src, self.out / "cli", progress=False)  # warm; also the tables to write
-        self.rows = pq.read_table(self.out / "cli" / "rows.parquet")
+        self.rows = pq.read_table(self.out / "cli" / "rows")
         self.report = pq.read_table(self.out / "cli" / "report.parquet")
 
     def teardown(self, shape, gb):

@@ -2,7 +2,7 @@
 
     from chainrows.batches import iter_batches
 
-    for b in iter_batches("OUT/rows.parquet", max_tokens=65_536, seed=0):
+    for b in iter_batches("OUT/rows", max_tokens=65_536, seed=0):
         ids = torch.from_numpy(b.input_ids)          # (B, T) int64
         ...
 

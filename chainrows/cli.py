@@ -105,9 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
-    r = sub.add_parser("reassemble", help="a dataset -> OUT/rows.parquet (training rows) + OUT/report.parquet",
+    r = sub.add_parser("reassemble", help="a dataset -> OUT/rows/ (training rows, Parquet parts) + OUT/report.parquet",
                        description="Reassemble a dataset (docs/format.md) into training rows "
-                                   "(OUT/rows.parquet) and one report row per rollout "
+                                   "(OUT/rows/, a directory of Parquet part files) and one report row per rollout "
                                    "(OUT/report.parquet).", epilog=EPILOG)
     r.add_argument("dataset", help="dataset directory: ledger, tokens and rollouts tables")
     r.add_argument("out", help="output directory (created if missing)")
@@ -269,7 +269,7 @@ class _CompileNotice:
 
 
 def _wrote(out, names) -> str:
-    """``OUT/rows.parquet (5.1 MB), OUT/report.parquet (20 KB)``: the outputs ``names`` as they
+    """``OUT/rows/ (5.1 MB), OUT/report.parquet (20 KB)``: the outputs ``names`` as they
     now are in ``out`` (a ``<name>/`` directory of parts counted whole)."""
     from pathlib import Path
 

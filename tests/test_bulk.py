@@ -18,6 +18,7 @@ from chainrows.io.memory import process_rss
 from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 
+from outputs import OUTPUT_ENTRIES, no_outputs, output_bytes, read_outputs
 from test_properties import compare_outputs
 
 MEMORY = bulk.Route("memory", 1, "test")
@@ -56,11 +57,13 @@ def shuffled(dataset, tmp_path_factory):
 
 
 def _read(out):
-    return pq.read_table(out / "rows.parquet"), pq.read_table(out / "report.parquet")
+    return read_outputs(out)
 
 
 def _bytes(out):
-    return {n: (out / n).read_bytes() for n in ("rows.parquet", "report.parquet")}
+    got = output_bytes(out)
+    assert set(got) == OUTPUT_ENTRIES, got.keys()
+    return got
 
 
 class Counted:
@@ -120,7 +123,7 @@ def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, rout
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="simulated crash"):
         bulk.run(dataset, out, route=route, reassemble=Counted(crash_at=3))
-    assert not (out / "rows.parquet").exists() and not (out / "report.parquet").exists()
+    assert no_outputs(out)
     assert len(list((out / bulk.WORK_DIR).glob(done_glob))) == 2
     again = Counted()
     summary = bulk.run(dataset, out, route=route, resume=True, reassemble=again)
@@ -320,7 +323,7 @@ def test_rollout_ids_whose_routing_hashes_collide_are_refused(dataset, tmp_path,
     monkeypatch.setattr(partition, "string_hashes", narrow)
     with pytest.raises(InputError, match="share the 64-bit routing hash"):
         bulk.run(dataset, tmp_path / "out", route=spill(3))
-    assert not (tmp_path / "out" / "rows.parquet").exists()
+    assert no_outputs(tmp_path / "out")
 
 
 def test_collision_check_is_exact():

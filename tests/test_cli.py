@@ -29,6 +29,7 @@ from test_fuzz import (  # noqa: F401  (cli is a fixture)
     write_dir,
 )
 from builders import one_call, single_chain, worked_example
+from outputs import OUTPUT_ENTRIES, no_outputs, output_bytes
 
 
 def _tables(logprobs: bool = True) -> dict:
@@ -210,10 +211,10 @@ def test_partitioned_run_reports_unusable_input_too(cli, good, tmp_path):
 def test_failed_run_keeps_previous_outputs(cli, good, tmp_path):
     out = tmp_path / "out"
     assert_ran(cli.run("reassemble", good, out))
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = output_bytes(out)
     (good / "ledger.parquet").write_bytes(b"")
     assert_clean_error(cli.run("reassemble", good, out, "--overwrite"), "error: ledger: ")
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert output_bytes(out) == before and set(before) == OUTPUT_ENTRIES
 
 
 def test_budget_below_the_process_is_refused_up_front(cli, good, tmp_path):
@@ -257,7 +258,7 @@ def test_bad_arguments_exit_2_with_one_line(cli, good, tmp_path, argv):
     assert res.rc == 2, str(res)
     line = _one_line(res)
     assert line.startswith("chainrows") and "error" in line, str(res)
-    assert not (tmp_path / "out" / "rows.parquet").exists()
+    assert no_outputs(tmp_path / "out")
 
 
 def test_version_and_help(cli):
@@ -319,7 +320,10 @@ def test_every_option_has_help_and_shows_its_default():
 # ----------------------------------------------------------------------------- one overwrite policy
 
 def _outputs(out: Path) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
+    """Visible entries of OUT: a file's bytes, or a directory's ((part name, bytes), ...)."""
+    def content(p):
+        return p.read_bytes() if p.is_file() else tuple((q.name, q.read_bytes()) for q in sorted(p.iterdir()))
+    return {p.name: content(p) for p in sorted(out.iterdir()) if not p.name.startswith(".")}
 
 
 def _writers(good, tmp_path):
@@ -328,7 +332,7 @@ def _writers(good, tmp_path):
 
     files = _doc_files(tmp_path)
     return {
-        "reassemble": (["reassemble", str(good)], ["rows.parquet", "report.parquet"]),
+        "reassemble": (["reassemble", str(good)], ["rows", "report.parquet"]),
         "synth": (["synth", "--rollouts", "8"], ["ledger.parquet", "tokens.parquet", "rollouts.parquet"]),
         "import-jsonl": (["import-jsonl", str(files["ledger"]), str(files["tokens"]), str(files["results"])],
                          ["ledger.parquet", "tokens.parquet", "rollouts.parquet"]),
@@ -448,7 +452,7 @@ def test_summary_names_the_files_and_counts_placeholders(cli, tmp_path):
     line = next(l for l in res.stdout.splitlines() if l.startswith("rows "))
     assert line.split(None, 1)[1] == f"{rows.num_rows} ({trained} trained, {placeholders} placeholders)"
     wrote = next(l for l in res.stdout.splitlines() if l.startswith("wrote "))
-    assert f"{out / 'rows.parquet'} (" in wrote and f"{out / 'report.parquet'} (" in wrote
+    assert f"{out / 'rows'}/ (" in wrote and f"{out / 'report.parquet'} (" in wrote
 
 
 def test_partition_bar_never_passes_its_total(cli, good, tmp_path):
@@ -526,4 +530,4 @@ def test_real_process_exit_codes(good, tmp_path):
     p = _real("reassemble", good, tmp_path / "out2")
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
     assert p.stderr.startswith("chainrows: error: rollouts: unreadable Parquet file")
-    assert not (tmp_path / "out2" / "rows.parquet").exists()
+    assert no_outputs(tmp_path / "out2")

@@ -99,7 +99,7 @@ def test_reassemble_prints_summary_and_writes_outputs(data, tmp_path, capsys):
     for label in ("rollouts", "ok", "masked", "rows", "loss tokens", "unselected", "orphan token rows",
                   "throughput"):
         assert label in text
-    rows = pq.read_table(out / "rows.parquet")
+    rows = pq.read_table(out / "rows")
     report = pq.read_table(out / "report.parquet")
     masked = [r for r in report.to_pylist() if r["status"] == "masked"]
     assert masked, "corrupt rollouts expected"

@@ -1,4 +1,4 @@
-"""Determinism: the same input and options give byte-identical ``rows.parquet`` and
+"""Determinism: the same input and options give byte-identical ``rows/`` parts and
 ``report.parquet`` whatever the thread count, bucket count, memory budget, physical layout of
 the input (part files, row groups, codecs, accepted physical types), the order of rows that
 carries no meaning (token rows, rollouts rows, interleaving of rollouts in the ledger), and
@@ -19,6 +19,7 @@ from chainrows import reassemble
 from chainrows.io.dataset import read_dataset
 from chainrows.synth import write_synth_dataset
 
+from outputs import output_bytes
 from test_fuzz import assert_ran, cli  # noqa: F401  (cli is a fixture)
 
 OPTION_SETS = {
@@ -50,8 +51,8 @@ def baselines(cli, dataset, tmp_path_factory) -> dict:
 
 def _bytes(out: Path) -> dict:
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["report.parquet", "rows.parquet"], files
-    return {n: (out / n).read_bytes() for n in files}
+    assert files == ["report.parquet", "rows"], files
+    return output_bytes(out)
 
 
 def _same(got: dict, want: dict, what: str) -> None:

@@ -88,7 +88,7 @@ def test_format_example_dataset_passes_reassemble(tmp_path):
     out = subprocess.run([sys.executable, "-m", "chainrows", "reassemble", str(data),
                           str(tmp_path / "my-out")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    written = pq.read_table(tmp_path / "my-out" / "rows.parquet")
+    written = pq.read_table(tmp_path / "my-out" / "rows")
     assert written.column("input_ids").to_pylist() == rows.column("input_ids").to_pylist()
 
 
@@ -138,8 +138,9 @@ def test_trainers_loss_snippet_runs_on_real_batches(tmp_path):
     write_synth_dataset(tmp_path / "ds", 12, seed=2, mean_gen_tokens=20, mean_obs_tokens=10,
                         prompt_tokens=30, corrupt_rate=0.0)
     rows, _ = chainrows.reassemble(str(tmp_path / "ds"))
-    (tmp_path / "OUT").mkdir()
-    pq.write_table(rows, tmp_path / "OUT" / "rows.parquet")
+    (tmp_path / "OUT" / "rows").mkdir(parents=True)  # as reassemble writes it: a directory of parts
+    pq.write_table(rows.slice(0, 5), tmp_path / "OUT" / "rows" / "part-00000000.parquet")
+    pq.write_table(rows.slice(5), tmp_path / "OUT" / "rows" / "part-00000001.parquet")
     blocks = marked_blocks(DOCS / "trainers.md")
     assert set(blocks) == {"numpy-loss"}
     ns: dict = {}

@@ -464,7 +464,7 @@ def test_cli_plan_forest_on_every_path(tmp_path, flags, capsys):
     def key(r):
         return (r["rollout_id"], r.get("segment", 0))
 
-    got_rows = sorted(_read_out(tmp_path / "out" / "rows.parquet"), key=key)
+    got_rows = sorted(_read_out(tmp_path / "out" / "rows"), key=key)
     got_report = sorted(_read_out(tmp_path / "out" / "report.parquet"), key=key)
     assert got_report == sorted(want.report.to_pylist(), key=key)
     assert got_rows == sorted(want.rows.to_pylist(), key=key)

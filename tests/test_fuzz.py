@@ -69,6 +69,7 @@ from chainrows.io.schema import (
 )
 
 from builders import combine, one_call, single_chain, worked_example
+from outputs import no_outputs
 from randomized import random_dataset
 from test_properties import compare_outputs
 
@@ -892,7 +893,7 @@ def test_cli_hostile_tables(cli, tmp_path_factory, data):
     note(str(res))
     if fault:
         assert_clean_error(res, *needles)
-        assert not (out / "rows.parquet").exists() and not (out / "report.parquet").exists()
+        assert no_outputs(out)
         return
     assert_ran(res)
     rows, report = read_output(out)

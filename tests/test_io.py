@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
@@ -27,7 +28,7 @@ from chainrows.io.dataset import (
     table_schema,
 )
 from chainrows.io.errors import InputError
-from chainrows.io.rowgroups import RowGroupWriter
+from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.io.schema import (
     ACCEPTED_FIELD,
     LEDGER_SCHEMA,
@@ -860,3 +861,69 @@ def test_abort_removes_only_an_out_dir_it_created_and_left_empty(tmp_path):
                 o.write_table("rows", _rows_table(2))
                 raise RuntimeError("boom")
     assert not fresh.exists() and existing.exists() and _entries(existing) == []
+
+
+def _parts(folder: Path) -> list[tuple[str, bytes]]:
+    return [(p.name, p.read_bytes()) for p in sorted(folder.iterdir())]
+
+
+def _parts_writer(folder: Path, schema, **kw) -> PartsWriter:
+    folder.mkdir(parents=True, exist_ok=True)
+    names = iter(range(1 << 20))
+    return PartsWriter(lambda: folder / f"part-{next(names):05d}.parquet", schema, **kw)
+
+
+@pytest.mark.parametrize("encoders", [1, 2, 3])
+def test_parts_writer_cuts_parts_by_content_whatever_the_arrival(tmp_path, encoders):
+    rows = _rows_table(50)
+    kw = dict(unit_column="input_ids", max_units=7, groups_per_part=3, encoders=encoders)
+    with _parts_writer(tmp_path / "whole", rows.schema, **kw) as w:
+        w.write(rows)
+    rng = np.random.default_rng(encoders)
+    cuts = np.sort(rng.choice(np.arange(1, 50), size=9, replace=False))
+    with _parts_writer(tmp_path / "pieces", rows.schema, max_pending_bytes=1, **kw) as w:
+        for a, b in zip(np.r_[0, cuts], np.r_[cuts, 50]):
+            w.write(rows.slice(int(a), int(b - a)))
+    whole = _parts(tmp_path / "whole")
+    assert whole == _parts(tmp_path / "pieces")
+    assert len(whole) == w.parts_written > 1
+    files = [pq.ParquetFile(tmp_path / "whole" / name) for name, _ in whole]
+    assert all(f.metadata.num_row_groups == 3 for f in files[:-1])
+    assert 1 <= files[-1].metadata.num_row_groups <= 3
+    assert pa.concat_tables([f.read() for f in files]).equals(rows)
+    # the same groups as one RowGroupWriter file, part after part
+    with RowGroupWriter(tmp_path / "one.parquet", rows.schema, unit_column="input_ids", max_units=7) as one:
+        one.write(rows)
+    single = pq.ParquetFile(tmp_path / "one.parquet")
+    sizes = [f.metadata.row_group(i).num_rows for f in files for i in range(f.metadata.num_row_groups)]
+    assert sizes == [single.metadata.row_group(i).num_rows for i in range(single.metadata.num_row_groups)]
+
+
+def test_parts_writer_writes_one_empty_part_for_no_rows(tmp_path):
+    rows = _rows_table(3)
+    with _parts_writer(tmp_path / "p", rows.schema) as w:
+        w.write(rows.slice(0, 0))
+    w.close()  # idempotent
+    (name, _), = _parts(tmp_path / "p")
+    back = pq.read_table(tmp_path / "p" / name)
+    assert back.num_rows == 0 and back.schema.equals(rows.schema)
+
+
+def test_parts_writer_raises_an_encoder_error_and_stops(tmp_path, monkeypatch):
+    rows = _rows_table(40)
+    calls = []
+
+    def failing(self, table, row_group_size=None):
+        calls.append(table.num_rows)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", failing)
+    w = _parts_writer(tmp_path / "p", rows.schema, unit_column="input_ids", max_units=5,
+                      groups_per_part=2, max_pending_bytes=1)
+    with pytest.raises(OSError, match="disk full"):
+        with w:
+            for i in range(40):
+                w.write(rows.slice(i, 1))
+    assert calls  # the encoder's own error, raised on the writing thread
+    with pytest.raises(RuntimeError, match="closed"):
+        w.write(rows)

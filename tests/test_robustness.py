@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from chainrows.io.schema import (
 from chainrows.synth import write_synth_dataset
 
 from builders import one_call, worked_example
+from outputs import OUTPUT_ENTRIES, output_bytes
 from test_fuzz import REPO, assert_ran, cli, read_output, write_dir  # noqa: F401  (cli: fixture)
 
 
@@ -310,7 +312,7 @@ def _run(data, out, *extra, timeout=300):
 
 
 def _output_bytes(out: Path) -> dict:
-    return {n: (out / n).read_bytes() for n in ("rows.parquet", "report.parquet") if (out / n).exists()}
+    return output_bytes(out)
 
 
 @pytest.fixture(scope="module")
@@ -322,7 +324,7 @@ def uninterrupted(crash_data, tmp_path_factory) -> dict:
     seconds = time.perf_counter() - t0
     _run(crash_data, base / "old", "--mode", "ordinary")
     new, old = _output_bytes(base / "new"), _output_bytes(base / "old")
-    assert new != old and set(new) == {"rows.parquet", "report.parquet"}
+    assert new != old and set(new) == OUTPUT_ENTRIES
     return {"new": new, "old": old, "seconds": seconds}
 
 
@@ -377,24 +379,26 @@ def _start_and_kill(cmd, out: Path, when, delay: float = 0.0, sig=signal.SIGKILL
 
 def _assert_no_damage(out: Path, refs: dict, allowed_old: bool, what: str) -> None:
     """OUT holds nothing, the old pair, or the new pair; never a partial or mismatched one.
-    Entries other than rows.parquet/report.parquet may only be hidden (temp/work dirs)."""
+    Entries other than rows/ and report.parquet may only be hidden (temp/work dirs)."""
     visible = sorted(e.name for e in os.scandir(out) if not e.name.startswith("."))
-    assert set(visible) <= {"rows.parquet", "report.parquet"}, f"{what}: {visible}"
+    assert set(visible) <= OUTPUT_ENTRIES, f"{what}: {visible}"
     got = _output_bytes(out)
     pairs = [refs["new"]] + ([refs["old"]] if allowed_old else [])
     if "report.parquet" in got:  # the report is the commit marker: it must sit beside its rows
         assert any(got == pair for pair in pairs), f"{what}: OUT holds a mismatched or partial pair"
-    elif "rows.parquet" in got:  # the documented rename window: a complete rows, no report
-        assert any(got["rows.parquet"] == pair["rows.parquet"] for pair in pairs), \
+    elif "rows" in got:  # the documented rename window: a complete rows, no report
+        assert any(got["rows"] == pair["rows"] for pair in pairs), \
             f"{what}: OUT holds partial rows"
 
 
 def _restore(out: Path, refs: dict, previous: str) -> None:
-    for name in ("rows.parquet", "report.parquet"):
-        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "rows", ignore_errors=True)
+    (out / "report.parquet").unlink(missing_ok=True)
     if previous == "old output":
-        for name, data in refs["old"].items():
-            (out / name).write_bytes(data)
+        (out / "rows").mkdir()
+        for name, data in refs["old"]["rows"]:
+            (out / "rows" / name).write_bytes(data)
+        (out / "report.parquet").write_bytes(refs["old"]["report.parquet"])
 
 
 KILL_PLAN = {  # per previous state of OUT: phases, and random delays after start-up

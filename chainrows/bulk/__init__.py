@@ -1,7 +1,7 @@
 """Bulk reassembly of a dataset directory under a memory budget (the CLI's runner).
 
 ``run(DATASET, OUT, options)`` picks the path (in memory, streaming windows, spill buckets),
-writes ``OUT/rows.parquet`` and ``OUT/report.parquet`` atomically and returns a ``Summary``.
+writes ``OUT/rows/`` (Parquet part files) and ``OUT/report.parquet`` atomically and returns a ``Summary``.
 """
 
 from chainrows.bulk.job import WORK_DIR, Route, choose_route, run

@@ -1,5 +1,5 @@
-"""``run``: reassemble a dataset directory into ``OUT/rows.parquet`` and ``OUT/report.parquet``
-under a memory budget, on the cheapest path that fits:
+"""``run``: reassemble a dataset directory into ``OUT/rows/`` (Parquet part files) and
+``OUT/report.parquet`` under a memory budget, on the cheapest path that fits:
 
 - ``memory``: read everything, decide once, write (the estimated peak fits);
 - ``stream``: read the three tables once, side by side, deciding each GRPO group as soon as
@@ -32,10 +32,9 @@ from chainrows.bulk.spill import partition_once, reassemble_buckets, summary_of
 from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
 from chainrows.bulk.windows import plan_windows, scan
-from chainrows.io.background import BackgroundWriter
 from chainrows.io.dataset import TABLES, read_dataset, table_files, table_schema
 from chainrows.io.memory import one_arrow_thread, process_peak_rss
-from chainrows.io.rowgroups import RowGroupWriter
+from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
 from chainrows.io.write import AtomicOutput, write_json_atomic
 from chainrows.options import Options
@@ -44,6 +43,8 @@ from chainrows.progress import Progress
 WORK_DIR = ".chainrows-work"
 MANIFEST_VERSION = 4
 MERGE_SHARE = 16  # of the room, what the merge's buffered run batches may take
+ENCODE_SHARE = 16  # of the room, what cut row groups waiting for an encoder may take
+ENCODERS = 2
 RUN_MAX_ROWS = 4096
 REPORT_ROW_BYTES = 256  # a report row in Arrow, ids and detail included (order of magnitude)
 
@@ -88,9 +89,11 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     decide = lambda ledger, tokens, rollouts: reassemble(ledger, tokens, rollouts, options)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
     schemas = {"rows": rows_schema(has_lp), "report": REPORT_SCHEMA}
+    tight = room < planner.STREAM_MIN_ROOM  # one encoder, Arrow on one thread, trim after steps
     with AtomicOutput(out) as staged, \
-            BackgroundWriter(RowGroupWriter(staged.reserve_file("rows"), schemas["rows"],
-                                            unit_column="input_ids")) as rows_w, \
+            PartsWriter(lambda: staged.reserve_part("rows"), schemas["rows"], unit_column="input_ids",
+                        encoders=1 if tight else ENCODERS,
+                        max_pending_bytes=max(1, room // ENCODE_SHARE)) as rows_w, \
             RowGroupWriter(staged.reserve_file("report"), schemas["report"]) as report_w:
         if route.path == "memory":
             bar = Progress("reassemble", 1, enabled=progress, unit="steps")
@@ -104,7 +107,6 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
             bar.close()
         else:
             prepare_work(work, manifest(dataset_dir, options, route), resume)
-            tight = room < planner.STREAM_MIN_ROOM  # pin Arrow to one thread, trim after steps
             with (one_arrow_thread() if tight else nullcontext()):
                 if route.path == "stream":
                     runs = _stream(dataset_dir, work, route, decide, room, schemas, progress)

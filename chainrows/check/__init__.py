@@ -1,7 +1,7 @@
 """Reconcile a run's outputs with its input: nothing lost, nothing invented (SPEC §4).
 
     from chainrows.check import reconcile
-    problems = reconcile("data/", "out/rows.parquet", "out/report.parquet")
+    problems = reconcile("data/", "out/rows", "out/report.parquet")
     assert not problems, "\\n".join(problems)
 
 ``reconcile`` re-derives what the input tables alone say about ``rows`` and ``report`` and lists

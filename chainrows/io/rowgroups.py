@@ -1,13 +1,21 @@
-"""A Parquet writer whose row groups depend only on the rows written, not on how they arrive.
+"""Parquet writers whose row groups (and part files) depend only on the rows written, not on
+how they arrive.
 
 Byte-identical output whatever the batch size or memory budget needs row-group boundaries that
 are a function of content: a group closes after the row where it reaches ``max_rows`` rows or
-``max_units`` units (tokens for ``rows``, 1 per row otherwise).
+``max_units`` units (tokens for ``rows``, 1 per row otherwise). ``RowGroupWriter`` writes the
+groups to one file; ``PartsWriter`` writes them to a directory of part files of
+``groups_per_part`` groups each, encoding several parts at once on their own threads (a
+pyarrow ``ParquetWriter`` encodes on one core; docs/decisions-io.md "Parts").
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +26,8 @@ from chainrows.io.write import WRITE_OPTIONS
 
 ROWS_GROUP_TOKENS = 1 << 20
 GROUP_ROWS = 65536
+GROUPS_PER_PART = 16
+ENCODERS = 2
 
 
 def _units(table: pa.Table, unit_column: str | None) -> np.ndarray:
@@ -27,25 +37,24 @@ def _units(table: pa.Table, unit_column: str | None) -> np.ndarray:
     return lengths.astype(np.int64) + 1
 
 
-class RowGroupWriter:
-    """Append tables in order; row groups are cut at content-determined rows."""
+class _GroupCutter:
+    """Append tables in order; ``_emit(group)`` gets each row group, one chunk per column, as
+    soon as its content-determined last row has arrived."""
 
-    def __init__(self, path: str | os.PathLike, schema: pa.Schema, *, unit_column: str | None = None,
-                 max_units: int = ROWS_GROUP_TOKENS, max_rows: int = GROUP_ROWS):
+    def __init__(self, schema: pa.Schema, unit_column: str | None, max_units: int, max_rows: int):
         self.schema = schema
         self.unit_column = unit_column
         self.max_units = max_units
         self.max_rows = max_rows
-        self._writer = pq.ParquetWriter(path, schema, **WRITE_OPTIONS)
         self._pending: list[pa.Table] = []
         self._rows = 0
         self._units = 0
         self.rows_written = 0
+        self.groups_written = 0
 
     def write(self, table: pa.Table) -> None:
         """Append rows (columns matched to the schema by name)."""
-        if self._writer is None:
-            raise RuntimeError("RowGroupWriter is closed")
+        self._check_open()
         table = table.select(self.schema.names)
         units = _units(table, self.unit_column)
         start = 0
@@ -56,8 +65,7 @@ class RowGroupWriter:
             cum = np.cumsum(units[start:start + room_rows]) + self._units
             hit = np.flatnonzero(cum >= self.max_units)
             take = int(hit[0]) + 1 if len(hit) else min(room_rows, n - start)
-            piece = table.slice(start, take)
-            self._pending.append(piece)
+            self._pending.append(table.slice(start, take))
             self._rows += take
             self._units = int(cum[take - 1])
             start += take
@@ -71,9 +79,36 @@ class RowGroupWriter:
         if group.schema != self.schema:
             group = group.cast(self.schema)
         group = group.combine_chunks()  # one chunk per column: page layout independent of arrival
-        self._writer.write_table(group, row_group_size=max(group.num_rows, 1))
-        self.rows_written += group.num_rows
         self._pending, self._rows, self._units = [], 0, 0
+        self._emit(group)
+        self.rows_written += group.num_rows
+        self.groups_written += 1
+
+    def _emit(self, group: pa.Table) -> None:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+
+class RowGroupWriter(_GroupCutter):
+    """One Parquet file; row groups cut at content-determined rows. A context manager; ``close``
+    is idempotent; leaving the block on an exception releases the file without a footer."""
+
+    def __init__(self, path: str | os.PathLike, schema: pa.Schema, *, unit_column: str | None = None,
+                 max_units: int = ROWS_GROUP_TOKENS, max_rows: int = GROUP_ROWS):
+        super().__init__(schema, unit_column, max_units, max_rows)
+        self._writer = pq.ParquetWriter(path, schema, **WRITE_OPTIONS)
+
+    def _check_open(self) -> None:
+        if self._writer is None:
+            raise RuntimeError("RowGroupWriter is closed")
+
+    def _emit(self, group: pa.Table) -> None:
+        self._writer.write_table(group, row_group_size=max(group.num_rows, 1))
 
     def close(self) -> None:
         """Write what is pending and the footer (idempotent)."""
@@ -85,12 +120,113 @@ class RowGroupWriter:
             writer, self._writer = self._writer, None
             writer.close()
 
-    def __enter__(self) -> "RowGroupWriter":
-        return self
-
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.close()
         elif self._writer is not None:  # the staged file is discarded: just release it
             writer, self._writer = self._writer, None
             writer.close()
+
+
+_END = object()
+
+
+class PartsWriter(_GroupCutter):
+    """A directory of Parquet part files: row groups cut as ``RowGroupWriter`` cuts them, part
+    ``p`` holding groups ``[p * groups_per_part, (p + 1) * groups_per_part)``, so the files and
+    their bytes depend only on the rows written. ``next_path()`` names each new part, in order
+    (e.g. ``AtomicOutput.reserve_part``).
+
+    Up to ``encoders`` parts are encoded at once, each on its own thread; ``write`` blocks while
+    more than ``max_pending_bytes`` of cut groups wait for an encoder (it always lets one
+    through). An encoder's error is raised by the next ``write`` or ``close``. A context
+    manager; ``close`` is idempotent; leaving the block on an exception stops the encoders and
+    leaves the part files incomplete (the caller discards them, as AtomicOutput does).
+    """
+
+    def __init__(self, next_path: Callable[[], os.PathLike], schema: pa.Schema, *,
+                 unit_column: str | None = None, max_units: int = ROWS_GROUP_TOKENS,
+                 max_rows: int = GROUP_ROWS, groups_per_part: int = GROUPS_PER_PART,
+                 encoders: int = ENCODERS, max_pending_bytes: int = 256 << 20):
+        super().__init__(schema, unit_column, max_units, max_rows)
+        if groups_per_part < 1 or encoders < 1:
+            raise ValueError("groups_per_part and encoders must be at least 1")
+        self.next_path = next_path
+        self.groups_per_part = groups_per_part
+        self.max_pending_bytes = max_pending_bytes
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(encoders, thread_name_prefix="chainrows-encode")
+        self._queue: queue.SimpleQueue | None = None  # the open part's groups
+        self._futures: list[Future] = []
+        self._pending_bytes = 0
+        self._room = threading.Condition()
+        self._stop = False
+        self.parts_written = 0
+
+    def _check_open(self) -> None:
+        if self._pool is None:
+            raise RuntimeError("PartsWriter is closed")
+        self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        for f in self._futures:
+            if f.done() and f.exception() is not None:
+                raise f.exception()
+        self._futures = [f for f in self._futures if not f.done()]
+
+    def _emit(self, group: pa.Table) -> None:
+        if self.groups_written % self.groups_per_part == 0:
+            self._start_part()
+        size = group.nbytes
+        with self._room:
+            while self._pending_bytes and self._pending_bytes + size > self.max_pending_bytes:
+                self._room.wait(0.1)
+                self._raise_failed()
+            self._pending_bytes += size
+        self._queue.put((group, size))
+
+    def _start_part(self) -> None:
+        if self._queue is not None:
+            self._queue.put(_END)
+        self._queue = queue.SimpleQueue()
+        self._futures.append(self._pool.submit(self._encode, self.next_path(), self._queue))
+        self.parts_written += 1
+
+    def _encode(self, path, groups: queue.SimpleQueue) -> None:
+        with pq.ParquetWriter(path, self.schema, **WRITE_OPTIONS) as writer:
+            while (item := groups.get()) is not _END:
+                group, size = item
+                try:
+                    if not self._stop:
+                        writer.write_table(group, row_group_size=max(group.num_rows, 1))
+                finally:
+                    with self._room:
+                        self._pending_bytes -= size
+                        self._room.notify_all()
+
+    def close(self) -> None:
+        """Write what is pending, finish every part (at least one, possibly empty) and wait for
+        the encoders (idempotent)."""
+        if self._pool is None:
+            return
+        try:
+            self._flush()
+            if self.parts_written == 0:
+                self._start_part()
+            self._queue.put(_END)
+            for f in self._futures:
+                f.result()
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        pool, self._pool = self._pool, None
+        if self._queue is not None:
+            self._queue.put(_END)
+        pool.shutdown(wait=True)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        elif self._pool is not None:
+            self._stop = True
+            self._shutdown()
