@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrows.engine.ragged import take_ragged
+from chainrows.engine.ragged import take_ragged, take_ragged_chunks
 from chainrows.io.background import BackgroundWriter
 from chainrows.io.take import take_rows
 
@@ -29,6 +29,33 @@ def test_take_ragged_is_the_plain_gather(lengths, data, dtype):
     want_off, want = naive_take_ragged(offsets, content, idx)
     assert np.array_equal(got_off, want_off)
     assert got.dtype == content.dtype and np.array_equal(got, want)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=40), data=st.data(),
+       dtype=st.sampled_from([np.int32, np.float32, np.uint8]))
+def test_take_ragged_chunks_is_the_plain_gather_over_the_concatenation(lengths, data, dtype):
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    content = np.arange(offsets[-1], dtype=np.int64).astype(dtype)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(lengths)), max_size=4)))
+    bounds = [0, *cuts, len(lengths)]
+    chunk_offsets, chunk_contents = [], []
+    for a, b in zip(bounds[:-1], bounds[1:]):  # each chunk's offsets start where its rows do
+        pad = data.draw(st.integers(0, 3))  # values before the chunk's first row, as in a slice
+        lo, hi = offsets[a], offsets[b]
+        chunk_contents.append(np.concatenate([np.full(pad, 77, dtype), content[lo:hi]]).astype(dtype))
+        chunk_offsets.append(offsets[a:b + 1] - lo + pad)
+    idx = np.array(data.draw(st.lists(st.integers(0, len(lengths) - 1), max_size=60)), dtype=np.int64)
+    got_off, got = take_ragged_chunks(chunk_offsets, chunk_contents, idx)
+    want_off, want = naive_take_ragged(offsets, content, idx)
+    assert np.array_equal(got_off, want_off)
+    assert got.dtype == content.dtype and np.array_equal(got, want)
+
+
+def test_take_ragged_chunks_refuses_an_index_past_the_last_chunk():
+    with pytest.raises(ValueError):
+        take_ragged_chunks([np.array([0, 1]), np.array([0, 2])], [np.zeros(1, np.int32), np.zeros(2, np.int32)],
+                           np.array([2]))
 
 
 @pytest.mark.parametrize("offsets,idx", [([0, 2, 1], [0]), ([0, 2, 9], [1]), ([0, 2], [1]), ([0, 2], [-1])])

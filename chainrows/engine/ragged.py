@@ -18,35 +18,62 @@ CHUNKS = 64
 
 
 @pjit
-def _gather(src_off, content, idx, width, dst_off, out):
-    n = len(idx)
+def _scatter(src_off, content, rows, dst, width, out):
+    n = len(rows)
     for kk in prange(CHUNKS):
         for j in range(kk * n // CHUNKS, (kk + 1) * n // CHUNKS):
-            s = src_off[idx[j]] * width
-            d = dst_off[j] * width
-            src = content[s:s + (src_off[idx[j] + 1] - src_off[idx[j]]) * width]
-            dst = out[d:d + len(src)]
+            s = src_off[rows[j]] * width
+            d = dst[j] * width
+            src = content[s:s + (src_off[rows[j] + 1] - src_off[rows[j]]) * width]
+            target = out[d:d + len(src)]
             for i in range(len(src)):
-                dst[i] = src[i]
+                target[i] = src[i]
+
+
+def _checked_offsets(offsets: np.ndarray, content: np.ndarray) -> np.ndarray:
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    if len(offsets) > 1 and (offsets[0] < 0 or offsets[-1] > len(content) or np.any(np.diff(offsets) < 0)):
+        raise ValueError("offsets outside the content")
+    return offsets
 
 
 def take_ragged(offsets: np.ndarray, content: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``idx`` of the ragged column (int64 ``offsets`` of length rows + 1, ``content`` a
     1-D array): returns (new offsets, new content). Offsets must be non-decreasing and within
     ``content``; ``idx`` within the rows (checked here: the kernel does no bounds checks)."""
-    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    return take_ragged_chunks([offsets], [content], idx)
+
+
+def take_ragged_chunks(offsets: list[np.ndarray], contents: list[np.ndarray],
+                       idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``take_ragged`` over a column stored in chunks (``offsets[c]``, ``contents[c]``, all of
+    one dtype), ``idx`` counting rows across the chunks in order: each chunk's rows are copied
+    straight into the result, without concatenating the chunks first."""
+    if len(offsets) != len(contents) or not contents:
+        raise ValueError("one offsets array per content chunk, at least one")
+    offsets = [_checked_offsets(o, c) for o, c in zip(offsets, contents)]
+    dtype = contents[0].dtype
+    if any(c.dtype != dtype for c in contents):
+        raise ValueError("content chunks of different types")
     idx = np.ascontiguousarray(idx, dtype=np.int64)
-    rows = len(offsets) - 1
-    if len(idx) and (idx.min() < 0 or idx.max() >= rows):
+    starts = np.zeros(len(offsets) + 1, dtype=np.int64)
+    np.cumsum([len(o) - 1 for o in offsets], out=starts[1:])
+    if len(idx) and (idx.min() < 0 or idx.max() >= starts[-1]):
         raise ValueError("row index outside the column")
-    if rows > 0 and (offsets[0] < 0 or offsets[-1] > len(content) or np.any(np.diff(offsets) < 0)):
-        raise ValueError("offsets outside the content")
-    lengths = offsets[idx + 1] - offsets[idx] if len(idx) else np.zeros(0, np.int64)
+    chunk_of = np.searchsorted(starts[1:], idx, side="right") if len(offsets) > 1 else np.zeros(len(idx), np.int64)
+    local = idx - starts[chunk_of]
+    lengths = np.empty(len(idx), dtype=np.int64)
+    for c, o in enumerate(offsets):
+        here = chunk_of == c
+        lengths[here] = o[local[here] + 1] - o[local[here]]
     dst_off = np.zeros(len(idx) + 1, dtype=np.int64)
     np.cumsum(lengths, out=dst_off[1:])
-    width = content.dtype.itemsize
-    raw = np.ascontiguousarray(content).view(np.uint8)
+    width = dtype.itemsize
     out = np.empty(int(dst_off[-1]) * width, dtype=np.uint8)
-    if len(idx):
-        _gather(readonly(offsets), readonly(raw), readonly(idx), width, readonly(dst_off), out)
-    return dst_off, out.view(content.dtype)
+    for c, (o, content) in enumerate(zip(offsets, contents)):
+        sel = np.flatnonzero(chunk_of == c) if len(offsets) > 1 else np.arange(len(idx))
+        if len(sel):
+            raw = np.ascontiguousarray(content).view(np.uint8)
+            _scatter(readonly(o), readonly(raw), readonly(np.ascontiguousarray(local[sel])), readonly(dst_off[sel]),
+                     width, out)
+    return dst_off, out.view(dtype)
