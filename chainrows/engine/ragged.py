@@ -13,6 +13,7 @@ from numba import prange
 
 from chainrows.engine._jit import pjit
 from chainrows.engine.batch import readonly
+from chainrows.engine.buffers import empty
 
 CHUNKS = 64
 
@@ -69,7 +70,7 @@ def take_ragged_chunks(offsets: list[np.ndarray], contents: list[np.ndarray],
     dst_off = np.zeros(len(idx) + 1, dtype=np.int64)
     np.cumsum(lengths, out=dst_off[1:])
     width = dtype.itemsize
-    out = np.empty(int(dst_off[-1]) * width, dtype=np.uint8)
+    out = empty(int(dst_off[-1]) * width, np.uint8)  # Arrow's pool: freed pages are reused
     for c, (o, content) in enumerate(zip(offsets, contents)):
         sel = np.flatnonzero(chunk_of == c) if len(offsets) > 1 else np.arange(len(idx))
         if len(sel):
