@@ -91,7 +91,9 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options
     records_dir, parts_dir = f"{stage.root}/records", f"{stage.root}/parts"
     for d in (records_dir, f"{parts_dir}/rows", f"{parts_dir}/report"):
         dst.fs.create_dir(d, recursive=True)
-    parts = (ray.data.read_datasource(source)
+    files = max(1, sum(len(t.paths) for t in tables.values()))
+    # one block per file read: Ray Data would otherwise split the reads into ~200 small blocks
+    parts = (ray.data.read_datasource(source, override_num_blocks=files)
              .groupby(RKEY_COL, num_partitions=n)
              .map_groups(tasks.route, fn_args=(n,), batch_format="pyarrow")
              .groupby(BUCKET_COL, num_partitions=n)
