@@ -46,8 +46,10 @@ def cmd_reassemble_ray(a, options) -> int:
         return 2
     try:
         check_out(a.dataset, a.out, a.overwrite)
+        # Ray Data's bars under the single-process rule: by default only on a terminal
+        progress = a.progress if a.progress is not None else sys.stderr.isatty()
         summary = run(a.dataset, a.out, options, address=a.ray or None, buckets=a.buckets,
-                      progress=a.progress)
+                      progress=progress)
     except ImportError as exc:
         print(f"chainrows: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
