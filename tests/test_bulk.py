@@ -334,6 +334,23 @@ def test_collision_check_is_exact():
         partition_check(first, np.array([1, 1, 2, 3, 4], dtype=np.uint64))
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_collision_check_is_its_plain_definition_on_unsorted_runs(seed):
+    from chainrows.io.partition import check_no_collisions
+
+    rng = np.random.default_rng(seed)
+    first = rng.integers(0, 6, 40).astype(np.uint64)
+    second = (first * 7).astype(np.uint64)
+    if seed % 2:  # one clash, anywhere in a run of equal first hashes
+        second[rng.integers(0, 40)] += np.uint64(1)
+    clashes = any(first[i] == first[j] and second[i] != second[j] for i in range(40) for j in range(40))
+    if clashes:
+        with pytest.raises(InputError):
+            check_no_collisions(first, second)
+    else:
+        check_no_collisions(first, second)
+
+
 @pytest.mark.parametrize("change", ["more", "fewer"])
 def test_stream_refuses_a_table_that_changed_after_its_first_pass(dataset, tmp_path, change):
     from chainrows.bulk.stream import stream_windows

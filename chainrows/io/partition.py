@@ -51,11 +51,14 @@ def check_no_collisions(first: np.ndarray, second: np.ndarray) -> None:
     or buckets: refuse (InputError) when some ``first`` hash comes with two ``second`` hashes."""
     if len(first) == 0:
         return
-    pairs = np.unique(np.stack([first, second], axis=1), axis=0)
-    clash = np.flatnonzero(pairs[1:, 0] == pairs[:-1, 0])
+    # sorted by the first hash, a run of equal first hashes holding two second hashes has two
+    # neighbours that differ: one argsort, not a sort of the pairs as rows
+    order = np.argsort(first)
+    f, s = first[order], second[order]
+    clash = np.flatnonzero((f[1:] == f[:-1]) & (s[1:] != s[:-1]))
     if len(clash):
         raise InputError(
-            f"two distinct rollout ids share the 64-bit routing hash {int(pairs[clash[0], 0]):#018x}; "
+            f"two distinct rollout ids share the 64-bit routing hash {int(f[clash[0]]):#018x}; "
             "the streaming and spill paths cannot tell them apart: rename one, or give a "
             "--memory-budget large enough for the in-memory path")
 
