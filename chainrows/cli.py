@@ -1,7 +1,8 @@
-"""The ``chainrows`` command line: reassemble, synth, import-jsonl, import-gym, export-gym, stats (SPEC §7).
+"""The ``chainrows`` command line: reassemble, synth, import-jsonl, import-gym, export-gym, stats .
 
 Exit codes: 0 ran (masked rollouts included), 2 unusable input or bad arguments, 1 an internal
-error (one line; set CHAINROWS_DEBUG=1 for the traceback), 130 interrupted. Every command that
+error (one line; set CHAINROWS_DEBUG=1 for the traceback), 130 interrupted, 141 stdout closed by
+its reader (``| head``), as a tool killed by SIGPIPE. Every command that
 writes follows one overwrite policy (chainrows.io.write.check_destination): an OUT holding a
 complete result is refused unless ``--overwrite``; what an interrupted run left is resumed or
 replaced; OUT and the input never nest.
@@ -19,7 +20,8 @@ from chainrows import options
 
 DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
 EPILOG = ("exit codes: 0 ran (masked rollouts included), 2 unusable input or arguments (one line), "
-          "1 internal error (CHAINROWS_DEBUG=1 shows the traceback), 130 interrupted. "
+          "1 internal error (CHAINROWS_DEBUG=1 shows the traceback), 130 interrupted, "
+          "141 stdout closed by its reader (e.g. | head). "
           "The input format is docs/format.md, the reason codes docs/reasons.md.")
 COMPILING = "compiling kernels (first run; later runs load them from the cache)..."
 
@@ -334,7 +336,7 @@ def _synth_masks(kinds: dict) -> str:
     if clean_in_cc:
         text += (f", {sum(clean_in_cc.values()):,} only in --mode ordinary ("
                  + ", ".join(f"{k} {n:,}" for k, n in sorted(clean_in_cc.items())) + ")")
-    return text
+    return text + "; --mode ordinary also masks every clean rollout that compacted (multiple_roots)"
 
 
 def cmd_synth(a) -> int:
@@ -457,6 +459,12 @@ def main(argv=None) -> int:
         print(f"chainrows: error: output {exc.out_dir} already holds a complete result "
               f"({exc.marker.name}): pass --overwrite to replace it, or choose another OUT", file=sys.stderr)
         rc = 2
+    except BrokenPipeError:  # stdout's reader left (``| head``): end as a tool killed by SIGPIPE
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        except OSError:
+            pass
+        rc = 128 + 13
     except OSError as exc:  # a path we cannot read or write: unusable input/output location
         where = f": {exc.filename}" if exc.filename else ""
         print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}", file=sys.stderr)

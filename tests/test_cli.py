@@ -537,3 +537,18 @@ def test_real_process_exit_codes(good, tmp_path):
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
     assert p.stderr.startswith("chainrows: error: rollouts: unreadable Parquet file")
     assert no_outputs(tmp_path / "out2")
+
+
+def test_a_reader_that_closes_stdout_early_ends_the_run_as_sigpipe_would(good, tmp_path):
+    """`chainrows reassemble ... | head -1`: the outputs are committed before the summary is
+    printed; the broken pipe then ends the process with 141 (128 + SIGPIPE), silently, not
+    with exit 2 as if the input were unusable."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
+    p = subprocess.run([sys.executable, "-m", "chainrows.cli", "reassemble", str(good), str(tmp_path / "out"),
+                        "--no-progress"], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                       stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=600)
+    os.close(write_end)
+    assert p.returncode == 141, p.stderr
+    assert p.stderr == ""
+    assert set(output_bytes(tmp_path / "out")) == OUTPUT_ENTRIES
