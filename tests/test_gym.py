@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import re
 import shutil
 import struct
 from pathlib import Path
@@ -25,6 +24,8 @@ from chainrows.io.gym import wire as W
 from chainrows.io.gym.fingerprints import fingerprint
 from chainrows.io.jsonl import import_jsonl_to_dataset
 
+from test_jsonl import _doc_files
+
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = Path(__file__).resolve().parent / "gym_vectors"
 EXAMPLE = ROOT / "examples" / "gym"
@@ -33,14 +34,8 @@ EXAMPLE = ROOT / "examples" / "gym"
 # ----------------------------------------------------------------------------- helpers
 
 def _doc_raw(tmp_path: Path) -> dict:
-    """The docs/jsonl.md example (the SPEC §1 worked example, rollout r1) as raw files."""
-    text = (ROOT / "docs" / "jsonl.md").read_text()
-    out = {}
-    for name, body in re.findall(r"<!-- file: (\w+)\.jsonl -->\n```jsonl\n(.*?)```", text, re.S):
-        out[name] = tmp_path / f"{name}.jsonl"
-        out[name].write_text(body)
-    assert sorted(out) == ["ledger", "results", "tokens"]
-    return out
+    """The docs/jsonl.md example (the README's worked example, rollout r1) as raw files."""
+    return _doc_files(tmp_path)
 
 
 def _export(tmp_path: Path, raw: dict, name: str = "dump") -> Path:

@@ -63,16 +63,16 @@ def take_ragged_chunks(offsets: list[np.ndarray], contents: list[np.ndarray],
         raise ValueError("row index outside the column")
     chunk_of = np.searchsorted(starts[1:], idx, side="right") if len(offsets) > 1 else np.zeros(len(idx), np.int64)
     local = idx - starts[chunk_of]
+    picks = [np.flatnonzero(chunk_of == c) for c in range(len(offsets))] if len(offsets) > 1 \
+        else [np.arange(len(idx))]  # positions in idx of each chunk's rows
     lengths = np.empty(len(idx), dtype=np.int64)
-    for c, o in enumerate(offsets):
-        here = chunk_of == c
-        lengths[here] = o[local[here] + 1] - o[local[here]]
+    for o, sel in zip(offsets, picks):
+        lengths[sel] = o[local[sel] + 1] - o[local[sel]]
     dst_off = np.zeros(len(idx) + 1, dtype=np.int64)
     np.cumsum(lengths, out=dst_off[1:])
     width = dtype.itemsize
     out = empty(int(dst_off[-1]) * width, np.uint8)  # Arrow's pool: freed pages are reused
-    for c, (o, content) in enumerate(zip(offsets, contents)):
-        sel = np.flatnonzero(chunk_of == c) if len(offsets) > 1 else np.arange(len(idx))
+    for o, content, sel in zip(offsets, contents, picks):
         if len(sel):
             raw = np.ascontiguousarray(content).view(np.uint8)
             _scatter(readonly(o), readonly(raw), readonly(np.ascontiguousarray(local[sel])), readonly(dst_off[sel]),
