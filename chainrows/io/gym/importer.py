@@ -24,12 +24,13 @@ import pyarrow as pa
 
 from chainrows.io.gym.records import (
     NAMES, Receipt, StagedCall, dump_files, iter_raw, parse_line, parse_receipt, parse_result,
-    parse_staged, staged_key,
+    parse_staged_line, staged_key, staged_lines,
 )
 from chainrows.io.gym.verify import Checked, Verifier, xxh3_chain
 from chainrows.io.schema import (
     ACCEPTED_FIELD, INTEGRITY_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, ROLLOUTS_SCHEMA, TOKENS_SCHEMA,
 )
+from chainrows.io.errors import InputError
 from chainrows.io.write import AtomicOutput
 
 DEFAULT_BUDGET = 2 << 30
@@ -37,6 +38,7 @@ GZ_RATIO = 5  # assumed expansion of a .gz staged file, for sizing buckets
 BUCKET_SHARE = 8  # a bucket peaks near 4x its staged JSON in Python and numpy, 7-10x in RSS (docs/gym.md)
 VERIFY_BATCH_TOKENS = 1 << 22  # tokens handed to the verifier at a time
 MAX_BUCKETS = 512  # open files of the partition pass (one table at a time)
+FAST_STAGED = True  # staged lines through chainrows.io.gym.fast (False: json.loads of every line)
 LEDGER = LEDGER_SCHEMA.append(INTEGRITY_FIELD)
 TOKENS = TOKENS_SCHEMA.append(LOGPROBS_FIELD)
 
@@ -106,9 +108,13 @@ def _partition(files: dict, k: int, folder: Path) -> dict:
     for name in NAMES:
         handles = [open(p, "wb") for p in paths[name]]
         try:
-            for number, raw in iter_raw(files[name], name):
-                line = parse_line(raw, files[name], number, name)
-                rid = staged_key(line)[0] if name == "staged" else line.string("rollout_id")
+            if name == "staged":
+                lines = ((n, raw, _key(n, raw, line, files[name]))
+                         for n, raw, line, _ in staged_lines(iter_raw(files[name], name), files[name], FAST_STAGED))
+            else:
+                lines = ((n, raw, parse_line(raw, files[name], n, name).string("rollout_id"))
+                         for n, raw in iter_raw(files[name], name))
+            for number, raw, rid in lines:
                 h = handles[_bucket_of(rid, k)]
                 h.write(b"%d\t" % number)
                 h.write(raw if raw.endswith(b"\n") else raw + b"\n")
@@ -116,6 +122,14 @@ def _partition(files: dict, k: int, folder: Path) -> dict:
             for h in handles:
                 h.close()
     return paths
+
+
+def _key(number: int, raw: bytes, line, file: Path) -> str:
+    """A staged line's rollout_id; a form error is the exact parser's own."""
+    try:
+        return staged_key(line)[0]
+    except InputError:
+        return staged_key(parse_line(raw, file, number, "staged"))[0]
 
 
 def _iter_bucket(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -131,8 +145,8 @@ def _import_bucket(files: dict, sources: dict, verifier: Verifier, summary: GymS
     receipts = [parse_receipt(parse_line(raw, files["receipts"], n, "receipts"))
                 for n, raw in sources["receipts"]]
     staged: dict[tuple[str, str], list[StagedCall]] = {}
-    for n, raw in sources["staged"]:
-        st = parse_staged(parse_line(raw, files["staged"], n, "staged"), raw)
+    for n, raw, line, parsed in staged_lines(sources["staged"], files["staged"], FAST_STAGED):
+        st = parse_staged_line(n, raw, line, parsed, files["staged"])
         staged.setdefault((st.rollout_id, st.model_call_id), []).append(st)
     results = [parse_result(parse_line(raw, files["results"], n, "results")) for n, raw in sources["results"]]
     summary.receipts += len(receipts)

@@ -193,12 +193,17 @@ class StagedCall:
     line: int
 
 
-def parse_staged(r: Line, raw: bytes | None = None) -> StagedCall:
+def parse_staged(r: Line, raw: bytes | None = None, arrays=None) -> StagedCall:
     """``raw``: the line's bytes, when at hand (lets the number arrays skip a per-value type
-    scan when the line holds no JSON booleans)."""
+    scan when the line holds no JSON booleans). ``arrays``: the three arrays as
+    chainrows.io.gym.fast read them (a fast.Parsed; ``r`` is then its record, whose arrays
+    are placeholders); the other fields are checked here in the same order either way."""
     no_bools = raw is not None and b"true" not in raw and b"false" not in raw
     ints = {f: _integer(r, f) for f in _INT_FIELDS}
-    tokens, in_range = _int_array(r, "token_ids_delta", no_bools)
+    if arrays is None:
+        tokens, in_range = _int_array(r, "token_ids_delta", no_bools)
+    else:
+        tokens, in_range = arrays.tokens, arrays.ids_in_u64
     extras = r.rec.get("extras")
     if extras is not None and not isinstance(extras, dict):
         raise r.error(f"must be an object or null, got {_kind(extras)}", "extras")
@@ -209,10 +214,39 @@ def parse_staged(r: Line, raw: bytes | None = None) -> StagedCall:
         chain_hash=r.string("chain_hash", nullable=True, default=None),
         cumulative_hash=r.string("cumulative_hash", nullable=True, default=None),
         tokens=tokens, ids_in_u64=in_range,
-        mask=_float_array(r, "token_mask_delta", no_bools),
-        logprobs=_float_array(r, "generation_log_probs_delta", no_bools),
+        mask=_float_array(r, "token_mask_delta", no_bools) if arrays is None else arrays.mask,
+        logprobs=_float_array(r, "generation_log_probs_delta", no_bools) if arrays is None else arrays.logprobs,
         extras=extras, line=r.line, **ints,
     )
+
+
+def staged_lines(source, file: Path, fast: bool = True) -> Iterator[tuple[int, bytes, Line, Any]]:
+    """(number, raw, Line, fast.Parsed or None) of every staged line of ``source``. ``fast``:
+    the token arrays are read by chainrows.io.gym.fast, and only the lines it doubts are
+    decoded whole by json.loads; either way the Line's scalar fields are json.loads'.
+    Raises the exact parser's InputError for a line that is not a JSON object."""
+    if not fast:
+        for number, raw in source:
+            yield number, raw, parse_line(raw, file, number, "staged"), None
+        return
+    from chainrows.io.gym.fast import blocks
+
+    for number, raw, parsed in blocks(source):
+        if parsed is None:
+            yield number, raw, parse_line(raw, file, number, "staged"), None
+        else:
+            yield number, raw, Line(parsed.rec, file, number, "staged"), parsed
+
+
+def parse_staged_line(number: int, raw: bytes, line: Line, parsed, file: Path) -> StagedCall:
+    """A StagedCall from a staged_lines item. A line the fast reader read that fails a form
+    check is parsed again exactly, so the error is the exact parser's own."""
+    if parsed is not None:
+        try:
+            return parse_staged(line, arrays=parsed)
+        except InputError:
+            line = parse_line(raw, file, number, "staged")
+    return parse_staged(line, raw)
 
 
 def staged_key(r: Line) -> tuple[str, str]:
