@@ -11,6 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import pytest
 import xxhash
 
@@ -595,3 +597,209 @@ def test_example_dump_imports_and_is_what_the_exporter_writes(tmp_path):
     assert len(fresh) == len(shipped) and differ == [6]
     assert (shipped[6]["rollout_id"], shipped[6]["model_call_id"]) == ("r2", "c2")
     assert shipped[6]["token_ids_delta"] == [600] + fresh[6]["token_ids_delta"][1:]
+
+
+# ----------------------------------------------------------------------------- the fast staged reader
+
+from chainrows.io.gym import fast as F  # noqa: E402
+from chainrows.io.gym import importer as I  # noqa: E402
+
+
+def _tree_bytes(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _import_both(dump: Path, out: Path, monkeypatch, **options):
+    """import_gym with the fast reader and with json.loads of every line: the same summary and
+    the same dataset bytes, or the same InputError text. Returns (summary or error, fallbacks)."""
+    results = []
+    F.FALLBACKS.clear()
+    for fast in (True, False):
+        monkeypatch.setattr(I, "FAST_STAGED", fast)
+        target = out / ("fast" if fast else "exact")
+        try:
+            summary = import_gym(dump, target, **options)
+            results.append((summary, _tree_bytes(target)))
+        except InputError as exc:
+            assert not target.exists()
+            results.append((str(exc), None))
+        if fast:
+            fallbacks = dict(F.FALLBACKS)
+    assert results[0] == results[1]
+    return results[0][0], fallbacks
+
+
+@pytest.mark.parametrize("budget", [None, "small"])
+def test_fast_reader_gives_the_exact_parsers_dataset_on_the_example_dumps(tmp_path, monkeypatch, budget):
+    raw = _random_raw(tmp_path, seed=3, n_rollouts=25)
+    dumps = [EXAMPLE / "dump", _export(tmp_path, _doc_raw(tmp_path), "doc"), _export(tmp_path, raw, "random")]
+    for k, dump in enumerate(dumps):
+        options = {}
+        if budget:
+            options["memory_budget"] = max(1, (dump / "staged.jsonl").stat().st_size // 3)
+            monkeypatch.setattr(I, "BUCKET_SHARE", 1)
+        summary, fallbacks = _import_both(dump, tmp_path / f"out{k}", monkeypatch, **options)
+        assert isinstance(summary, I.GymSummary) and summary.staged > 0
+        assert fallbacks == {}  # every line of a clean dump is read by the kernel
+        assert (summary.buckets > 1) == bool(budget)
+
+
+def _float_literals(rng: random.Random, n: int) -> list:
+    """Float literals json.loads reads as float: reprs (17 digits), float32 reprs, short decimals,
+    exponents, halfway cases, overflow and underflow."""
+    import math
+    from decimal import Decimal, getcontext
+
+    getcontext().prec = 800
+    out = []
+    while len(out) < n:
+        k = rng.random()
+        if k < 0.3:
+            x = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
+            if math.isfinite(x):
+                out.append(repr(x))
+        elif k < 0.5:
+            out.append(repr(float(np.float32(-rng.expovariate(1.0)))))
+        elif k < 0.6:
+            out.append(f"{rng.choice(('', '-'))}{rng.randint(0, 10**rng.randint(1, 20))}.{rng.randint(0, 10**rng.randint(1, 22))}")
+        elif k < 0.7:
+            out.append(f"-{rng.randint(1, 9)}.{rng.randint(0, 10**25)}{rng.choice('eE')}{rng.choice(('', '+', '-'))}{rng.randint(0, 330)}")
+        elif k < 0.85:
+            x = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(63)))[0]
+            y = math.nextafter(x, math.inf)
+            if math.isfinite(y) and x != 0:
+                out.append(format((Decimal(x) + Decimal(y)) / 2, "e"))  # exactly halfway
+        else:
+            out.append(rng.choice(("0.0", "-0.0", "0e0", "-0e5", "1e400", "-1e400", "1e-400", "5e-324",
+                                   "2.4703282292062328e-324", "1.7976931348623159e308", "1e22", "1e23",
+                                   "9007199254740993.0", "0.1", "1.5e-7", "123456789012345.6e-3")))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fast_reader_rounds_every_float_literal_as_float_does(seed):
+    """The kernel's exact fast path (Clinger) and Arrow's cast for the rest, against float()."""
+    rng = random.Random(seed)
+    literals = _float_literals(rng, 6000)
+    lines = []
+    for i in range(0, len(literals), 500):
+        part = literals[i:i + 500]
+        lines.append(('{"token_ids_delta": [], "token_mask_delta": [' + ", ".join(part[::-1]) + '], '
+                      '"generation_log_probs_delta": [' + ",".join(part) + ']}\n').encode())
+    for raw, parsed in zip(lines, F.read_block(lines)):
+        want = np.array(json.loads(raw)["generation_log_probs_delta"], dtype=np.float64)
+        assert parsed is not None
+        assert parsed.logprobs.view(np.uint64).tolist() == want.view(np.uint64).tolist()
+        assert parsed.mask.view(np.uint64).tolist() == want[::-1].view(np.uint64).tolist()
+
+
+def test_fast_reader_integers_match_the_exact_arrays():
+    """Ids in and beyond int64 (wrapped, flagged), -0, integers in the float arrays."""
+    ids = [0, -0, 7, 2**31, 2**63 - 1, 2**63, 10**19 - 1, -1, -(2**63), -(10**19 - 1)]
+    floats = [0, -0, 1, -5, 10**15 - 1, -(10**15 - 1)]
+    line = json.dumps({"token_ids_delta": ids, "token_mask_delta": floats, "generation_log_probs_delta": floats[::-1]})
+    line = line.replace("[0, 0,", "[0, -0,")  # json.dumps writes -0 as 0
+    (parsed,) = F.read_block([line.encode()])
+    from chainrows.io.gym import records as R
+    from chainrows.io.jsonl import _Line
+
+    exact_arrays = R._int_array(_Line(json.loads(line), Path("x"), 1, "staged"), "token_ids_delta", True)
+    assert parsed.tokens.tolist() == exact_arrays[0].tolist() and parsed.ids_in_u64 is exact_arrays[1] is False
+    assert parsed.mask.view(np.uint64).tolist() == np.array(floats, np.float64).view(np.uint64).tolist()
+    assert parsed.logprobs[-1] == 0.0 and not np.signbit(parsed.logprobs[-1])  # the integer -0 is 0
+    (positive,) = F.read_block([line.replace("-1, ", "", 1).encode()])
+    assert positive.ids_in_u64 is False  # -(2**63) and others are still there
+    (beyond,) = F.read_block([line.replace("[0, -0,", f"[{2**64 - 1},", 1).encode()])
+    assert beyond is None  # 20 digits: the exact parser's
+
+
+FAST_FALLBACKS = {
+    # reason: an edit of one staged line (the raw text) the kernel must leave to the exact parser
+    "not an object": lambda t: "\ufeff" + t,  # a BOM: json.loads of bytes reads it
+    "escaped top-level key": lambda t: t.replace('"token_ids_delta"', '"\\u0074oken_ids_delta"'),
+    "array missing": lambda t: t.replace('"generation_log_probs_delta"', '"generation_log_probs"'),
+    "array key repeated": lambda t: t[:-1] + ', "token_mask_delta": [1.0]}',
+    "value is not an array": lambda t: t.replace('"token_ids_delta": [', '"token_ids_delta": {"x": [') .replace("], \"token_mask", "]}, \"token_mask", 1),
+    "not a JSON number": lambda t: t.replace('"generation_log_probs_delta": [0.0', '"generation_log_probs_delta": [NaN', 1),
+    "integer too long": lambda t: t.replace('"token_ids_delta": [', '"token_ids_delta": [12345678901234567890, ', 1),
+    "non-integer id": lambda t: t.replace('"token_ids_delta": [', '"token_ids_delta": [1e0, ', 1),
+    "json.loads rejects the rest": lambda t: t[:-1] + ', "ignored": 1' + "0" * 5000 + "}",  # int digit limit
+    "unterminated": lambda t: t[:-1] + ', "x": "open}',
+}
+
+
+@pytest.mark.parametrize("reason", list(FAST_FALLBACKS))
+def test_each_fast_fallback_leaves_the_line_to_the_exact_parser(tmp_path, monkeypatch, reason):
+    """Each doubt sends its line to json.loads (counted), with the same outcome: the same
+    dataset bytes and summary, or the same one-line error, in one bucket and in several."""
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    path = dump / "staged.jsonl"
+    lines = path.read_text().splitlines()
+    assert '"generation_log_probs_delta": [0.0' in lines[1]
+    lines[1] = FAST_FALLBACKS[reason](lines[1])
+    path.write_bytes(("\n".join(lines) + "\n").encode())
+    outcome, fallbacks = _import_both(dump, tmp_path / "one", monkeypatch)
+    assert fallbacks == {reason: 1}
+    monkeypatch.setattr(I, "BUCKET_SHARE", 1)
+    again, fallbacks = _import_both(dump, tmp_path / "many", monkeypatch, memory_budget=path.stat().st_size // 2)
+    assert set(fallbacks) == {reason}  # in the partition pass, and again in its bucket unless that pass failed
+    if isinstance(outcome, str):
+        assert "staged: line 2:" in outcome and str(path) in outcome
+
+
+def test_fast_reader_keeps_the_lines_before_a_truncated_gzip(tmp_path, monkeypatch):
+    """A .gz cut short raises where the line-by-line reader would: after the lines before it,
+    so an earlier malformed line is still the one named."""
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    lines = (dump / "staged.jsonl").read_text().splitlines()
+    lines[0] = lines[0].replace('"token_ids_delta": [', '"token_ids_delta": ["x", ', 1)
+    data = gzip.compress(("\n".join(lines) + "\n").encode())
+    (dump / "staged.jsonl").unlink()
+    (dump / "staged.jsonl.gz").write_bytes(data[:len(data) * 2 // 3])
+    error, _ = _import_both(dump, tmp_path / "out", monkeypatch)
+    assert "staged: line 1: field 'token_ids_delta' entry 0 must be an integer" in error
+
+
+_REWRITES = [
+    # same meaning, other text
+    lambda t, r: t.replace(", ", r.choice([",", " , ", ",\t", ",\r "])),
+    lambda t, r: t.replace("0.0", r.choice(["0", "0e0", "0.000", "0E+3", "-0.0", "-0"])),
+    lambda t, r: t.replace("1.0", r.choice(["1", "1e0", "10e-1", "1.000000000000000000001", "0.1e1"])),
+    lambda t, r: t.replace('"generation_log_probs_delta": [0.0', '"generation_log_probs_delta": [' + r.choice(
+        ["-0.10000000149011612", "1e400", "-1e-400", "5e-324", "123456789012345678901234567890e-40"])),
+    lambda t, r: t.replace('"token_ids_delta": [', '"token_ids_delta": [' + r.choice(
+        ["-1, ", "9223372036854775808, ", "18446744073709551615, ", "-0, ", "2147483648, "])),
+    lambda t, r: t[:-1] + r.choice([', "extras": {"k": [1, 2.5, null, true]}', ', "extras": null', ', "z": "\\u00e9\\"]"',
+                                    ', "z": "é"', ', "z": {"token_ids_delta": "x"}', ', "z": [NaN]']) + "}",
+    lambda t, r: t.replace('"rollout_id": "r1"', '"rollout_id": "\\u0072\\u0031"'),
+    # corruptions: form errors, integrity failures, not JSON
+    lambda t, r: t.replace('"token_ids_delta": [', '"token_ids_delta": [' + r.choice(
+        ['"5", ', "true, ", "null, ", "1.5, ", "[1], ", "NaN, ", "1e2, "])),
+    lambda t, r: t.replace('"token_mask_delta": [', '"token_mask_delta": [' + r.choice(
+        ["false, ", "null, ", "0.5, ", "Infinity, ", "1" + "0" * 400 + ", ", '"0", '])),
+    lambda t, r: t.replace('"prev_len": ', '"prev_len": ' + r.choice(['"', "1.0 + ", "-", "true, \"q\": "])),
+    lambda t, r: t[:r.randrange(len(t))],
+    lambda t, r: t[:-1] + ', "token_ids_delta": ' + r.choice(["[1]", "null", "[]"]) + "}",
+    lambda t, r: r.choice(["[1, 2]", "\ufeff" + t, " " + t, t + " x", "null", "\t"]),
+]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 4), st.integers(0, len(_REWRITES) - 1), st.integers(0, 2**16)),
+                      max_size=4),
+       bucketed=st.booleans())
+def test_fast_reader_matches_the_exact_parser_on_random_edits(tmp_path_factory, monkeypatch, edits, bucketed):
+    """Random rewrites (the same values in other text) and corruptions of staged lines: the
+    fast reader and the exact parser give the same dataset bytes and summary, or the same error."""
+    tmp = tmp_path_factory.mktemp("edits")
+    dump = _export(tmp, _doc_raw(tmp))
+    path = dump / "staged.jsonl"
+    lines = path.read_text().splitlines()
+    for line, rewrite, seed in edits:
+        lines[line] = _REWRITES[rewrite](lines[line], random.Random(seed))
+    path.write_bytes(("\n".join(lines) + "\n").encode())
+    options = {}
+    if bucketed:
+        monkeypatch.setattr(I, "BUCKET_SHARE", 1)
+        options["memory_budget"] = max(1, path.stat().st_size // 3)
+    _import_both(dump, tmp / "out", monkeypatch, **options)
