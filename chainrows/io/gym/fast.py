@@ -302,7 +302,7 @@ def _scan(buf, starts, ends, names, name_off, pow10):
             status[ln] = st
             negative[ln] = False
             counts[0], counts[1], counts[2], n_slow = mark
-    return status, spans, ranges, negative, ids[:counts[0]], mask[:counts[1]], lps[:counts[2]], slow[:n_slow]
+    return status, spans, ranges, negative, ids, mask, lps, counts, slow[:n_slow]
 
 
 _NAMES = np.frombuffer(b"".join(FIELDS), np.uint8)
@@ -352,7 +352,10 @@ def read_block(lines: list) -> list:
     lengths = np.fromiter(map(len, lines), np.int64, len(lines))
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    status, spans, ranges, negative, ids, mask, lps, slow = _scan(buf, starts, ends, _NAMES, _NAME_OFF, _POW10)
+    status, spans, ranges, negative, ids, mask, lps, counts, slow = _scan(buf, starts, ends, _NAMES, _NAME_OFF, _POW10)
+    # the kernel's buffers may be up to twice their contents, and the calls keep views of them
+    ids, mask, lps = (a[:n].copy() if len(a) > 1.25 * n + 4096 else a[:n]
+                      for a, n in zip((ids, mask, lps), counts.tolist()))
     _convert_slow(buf, slow, (ids, mask, lps))
     out = []
     for ln, raw in enumerate(lines):
