@@ -6,6 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unittest import mock
+
+from chainrows.engine import ragged
 from chainrows.engine.ragged import take_ragged, take_ragged_chunks
 from chainrows.io.background import BackgroundWriter
 from chainrows.io.take import take_rows
@@ -31,10 +34,17 @@ def test_take_ragged_is_the_plain_gather(lengths, data, dtype):
     assert got.dtype == content.dtype and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("copy_on", ["calling thread", "all threads"])
 @settings(max_examples=150, deadline=None)
 @given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=40), data=st.data(),
        dtype=st.sampled_from([np.int32, np.float32, np.uint8]))
-def test_take_ragged_chunks_is_the_plain_gather_over_the_concatenation(lengths, data, dtype):
+def test_take_ragged_chunks_is_the_plain_gather_over_the_concatenation(copy_on, lengths, data, dtype):
+    # small copies run serially; the threshold at 0 sends every chunk through the parallel kernel
+    with mock.patch.object(ragged, "PARALLEL_MIN_BYTES", 0 if copy_on == "all threads" else 1 << 62):
+        _check_chunks_gather(lengths, data, dtype)
+
+
+def _check_chunks_gather(lengths, data, dtype):
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     content = np.arange(offsets[-1], dtype=np.int64).astype(dtype)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(lengths)), max_size=4)))

@@ -11,24 +11,36 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from chainrows.engine._jit import pjit
+from chainrows.engine._jit import jit, pjit
 from chainrows.engine.batch import readonly
 from chainrows.engine.buffers import empty
 
 CHUNKS = 64
+# Below this many bytes a copy runs on the calling thread: a parallel region must wake every
+# worker, and while other threads keep the cores busy (the Parquet encoders of a merge) each
+# wake-up waits for a time slice, far longer than a small copy (docs/decisions-engine.md).
+PARALLEL_MIN_BYTES = 16 << 20
+
+
+@jit
+def _scatter_rows(src_off, content, rows, dst, width, out, lo, hi):
+    """Copy rows ``rows[lo:hi]`` of the ragged bytes (``src_off`` in items of ``width``
+    bytes, ``content`` uint8) to ``out`` at byte ``dst[j] * width`` each."""
+    for j in range(lo, hi):
+        s = src_off[rows[j]] * width
+        d = dst[j] * width
+        src = content[s:s + (src_off[rows[j] + 1] - src_off[rows[j]]) * width]
+        target = out[d:d + len(src)]
+        for i in range(len(src)):
+            target[i] = src[i]
 
 
 @pjit
 def _scatter(src_off, content, rows, dst, width, out):
+    """``_scatter_rows`` over all of ``rows``, split across Numba's threads."""
     n = len(rows)
     for kk in prange(CHUNKS):
-        for j in range(kk * n // CHUNKS, (kk + 1) * n // CHUNKS):
-            s = src_off[rows[j]] * width
-            d = dst[j] * width
-            src = content[s:s + (src_off[rows[j] + 1] - src_off[rows[j]]) * width]
-            target = out[d:d + len(src)]
-            for i in range(len(src)):
-                target[i] = src[i]
+        _scatter_rows(src_off, content, rows, dst, width, out, kk * n // CHUNKS, (kk + 1) * n // CHUNKS)
 
 
 def _checked_offsets(offsets: np.ndarray, content: np.ndarray) -> np.ndarray:
@@ -74,7 +86,10 @@ def take_ragged_chunks(offsets: list[np.ndarray], contents: list[np.ndarray],
     out = empty(int(dst_off[-1]) * width, np.uint8)  # Arrow's pool: freed pages are reused
     for o, content, sel in zip(offsets, contents, picks):
         if len(sel):
-            raw = np.ascontiguousarray(content).view(np.uint8)
-            _scatter(readonly(o), readonly(raw), readonly(np.ascontiguousarray(local[sel])), readonly(dst_off[sel]),
-                     width, out)
+            args = (readonly(o), readonly(np.ascontiguousarray(content).view(np.uint8)),
+                    readonly(np.ascontiguousarray(local[sel])), readonly(dst_off[sel]), width, out)
+            if lengths[sel].sum() * width >= PARALLEL_MIN_BYTES:
+                _scatter(*args)
+            else:
+                _scatter_rows(*args, 0, len(sel))
     return dst_off, out.view(dtype)
