@@ -25,6 +25,7 @@ from chainrows.io.arrays import FirstValue, one_chunk
 from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_schema
 from chainrows.io.errors import InputError
 from chainrows.io.memory import release_memory
+from chainrows.io.take import take_rows
 
 SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
 
@@ -152,7 +153,7 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
             buckets = router.route(batch.column("rollout_id"))
             order = np.argsort(buckets, kind="stable")
             cuts = np.searchsorted(buckets[order], np.arange(n_buckets + 1))
-            sorted_batch = pa.Table.from_batches([batch]).take(pa.array(order)).cast(schema)
+            sorted_batch = take_rows(pa.Table.from_batches([batch]), order).cast(schema)
             for b in np.flatnonzero(np.diff(cuts)):
                 buffers[b].append(sorted_batch.slice(cuts[b], cuts[b + 1] - cuts[b]))
             state["bytes"] += sorted_batch.nbytes
