@@ -22,6 +22,7 @@ from chainrows.io.arrays import (
     KeyIndex, list_offsets, member, offsets_from_lengths, offsets_from_owner, one_chunk, range_index,
 )
 from chainrows.io.errors import InputError
+from chainrows.io.take import take_rows
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def join_rollouts(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> Rol
     ids, (l_r, t_r, ro_r) = _encode_sorted([ledger["rollout_id"], tokens["rollout_id"], rollouts["rollout_id"]])
     order = np.argsort(l_r, kind="stable")
     if np.any(order != np.arange(len(order))):
-        ledger = ledger.take(pa.array(order))
+        ledger = take_rows(ledger, order)
         l_r = l_r[order]
     return RolloutJoin(ids, ledger, l_r, t_r, ro_r, offsets_from_owner(l_r, len(ids)))
 
@@ -129,7 +130,7 @@ class Records:
     def __init__(self, rollouts: pa.Table, of_record: np.ndarray, n_rollouts: int):
         uniq, first, counts = np.unique(of_record, return_index=True, return_counts=True)
         self.rollout = uniq.astype(np.int64)
-        self.table = rollouts.take(pa.array(first.astype(np.int64)))
+        self.table = take_rows(rollouts, first)
         self.has_record = np.zeros(n_rollouts, dtype=bool)
         self.has_record[self.rollout] = True
         self.dup_record = np.zeros(n_rollouts, dtype=bool)
