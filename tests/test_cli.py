@@ -217,6 +217,25 @@ def test_failed_run_keeps_previous_outputs(cli, good, tmp_path):
     assert output_bytes(out) == before and set(before) == OUTPUT_ENTRIES
 
 
+def test_a_second_run_on_the_same_out_is_refused_while_the_first_writes(cli, good, tmp_path):
+    from chainrows.io.write import OUT_LOCK_NAME, AtomicOutput
+
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        with AtomicOutput(out):  # the first run, still writing (its work dir included)
+            work = out / ".chainrows-work"
+            work.mkdir()
+            (work / "manifest.json").write_text("{}")
+            for flag in ([], ["--buckets", "2"], ["--resume"], ["--overwrite"]):
+                assert_clean_error(cli.run("reassemble", good, out, *flag),
+                                   "another chainrows run is writing", str(out))
+            assert (work / "manifest.json").read_text() == "{}"  # untouched
+            raise KeyboardInterrupt  # the first run is interrupted: its lock goes with it
+    assert not (out / OUT_LOCK_NAME).exists()
+    assert_ran(cli.run("reassemble", good, out))
+    assert set(os.listdir(out)) - {".chainrows-work"} == OUTPUT_ENTRIES
+
+
 def test_budget_below_the_process_is_refused_up_front(cli, good, tmp_path):
     """A budget the process itself cannot fit is unusable input: exit 2, one line naming the
     smallest budget that works, and a budget just above it is then accepted."""

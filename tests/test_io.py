@@ -635,7 +635,7 @@ def test_atomic_output_single_files(tmp_path):
     with AtomicOutput(out) as o:
         o.write_table("rows", rows)
         o.write_table("report", report)
-        assert _entries(out) == [o.tmp_dir.name]  # nothing visible before commit
+        assert _entries(out) == sorted([wmod.OUT_LOCK_NAME, o.tmp_dir.name])  # nothing visible before commit
         assert o.tmp_dir.name.startswith(".chainrows-tmp-")
     assert o.committed
     assert _entries(out) == ["report.parquet", "rows.parquet"]
@@ -810,6 +810,23 @@ def test_stale_temp_dir_from_killed_run_is_cleaned(tmp_path):
         assert clean_stale_temp_dirs(out) == [] and live.tmp_dir.is_dir()
         live.write_table("rows", _rows_table())
         live.write_table("report", _report_table())
+    assert _entries(out) == ["report.parquet", "rows.parquet"]
+
+
+def test_one_atomic_output_at_a_time_per_directory(tmp_path):
+    out = tmp_path / "out"
+    with AtomicOutput(out) as first:
+        assert (out / wmod.OUT_LOCK_NAME).exists()
+        with pytest.raises(InputError, match="another chainrows run is writing") as err:
+            AtomicOutput(out).__enter__()
+        assert str(out) in str(err.value)
+        assert first.tmp_dir.is_dir()  # the refused one touched nothing
+        first.write_table("rows", _rows_table())
+        first.write_table("report", _report_table())
+    assert _entries(out) == ["report.parquet", "rows.parquet"]  # lock removed on commit
+    with AtomicOutput(out) as again:  # free again
+        again.write_table("rows", _rows_table())
+        again.write_table("report", _report_table())
     assert _entries(out) == ["report.parquet", "rows.parquet"]
 
 

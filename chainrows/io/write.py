@@ -6,7 +6,9 @@ exception (KeyboardInterrupt included) the temp directory is deleted and earlier
 left untouched. A run killed with SIGKILL leaves its temp directory behind; the next
 ``AtomicOutput`` on that ``out_dir`` removes it (an flock on ``.lock`` tells live runs from dead
 ones; a dir killed before it held its lock is told by the dead pid in its name). Readers skip
-the temp directory anyway: its name starts with ``.``.
+the temp directory anyway: its name starts with ``.``. One ``AtomicOutput`` at a time per
+``out_dir``: a second (another process writing the same OUT, which would clobber the first's
+work directory and commit) is an InputError while the first holds ``.chainrows-lock``.
 
 Commit order: old ``report`` out, old ``rows`` out, new ``rows`` in, new ``report`` in (each a
 single ``rename``). So a ``report`` present in ``out_dir`` always belongs to the ``rows`` next
@@ -50,6 +52,7 @@ WRITE_OPTIONS: dict = {
 ROW_GROUP_BYTES = 128 << 20   # target in-memory bytes per row group
 TMP_PREFIX = ".chainrows-tmp-"
 LOCK_NAME = ".lock"
+OUT_LOCK_NAME = ".chainrows-lock"  # held by the AtomicOutput writing out_dir, removed after
 STALE_AGE_S = 3600.0          # a temp dir without a lock file is stale after this (or no fcntl)
 PART_DIGITS = 8               # part-00000000.parquet: lexicographic order = write order
 OUTPUT_NAMES = ("rows", "report")
@@ -170,6 +173,7 @@ class AtomicOutput:
         self.durable = durable
         self.tmp_dir: Path | None = None
         self._lock_fd: int | None = None
+        self._out_lock: int | None = None
         self._modes: dict[str, str] = {}
         self._parts: dict[str, int] = {}
         self._mutex = threading.Lock()
@@ -180,8 +184,13 @@ class AtomicOutput:
     def __enter__(self) -> "AtomicOutput":
         self._created = not self.out_dir.exists()
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        clean_stale_temp_dirs(self.out_dir)
-        self.tmp_dir, self._lock_fd = _make_locked_temp_dir(self.out_dir)
+        self._out_lock = _lock_out_dir(self.out_dir)
+        try:
+            clean_stale_temp_dirs(self.out_dir)
+            self.tmp_dir, self._lock_fd = _make_locked_temp_dir(self.out_dir)
+        except BaseException:
+            self.abort()
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -293,6 +302,9 @@ class AtomicOutput:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
+        if self._out_lock is not None:
+            _unlock_out_dir(self.out_dir, self._out_lock)
+            self._out_lock = None
 
 
 def _undo(out_dir: Path, trash: Path, moved: list[str], placed: list[str]) -> None:
@@ -311,6 +323,42 @@ def _undo(out_dir: Path, trash: Path, moved: list[str], placed: list[str]) -> No
 
 
 # ----------------------------------------------------------------------------- temp dirs
+
+def _lock_out_dir(out_dir: Path) -> int | None:
+    """flock ``out_dir/.chainrows-lock`` (non-blocking); InputError when another run holds it.
+    The inode check catches a file unlinked by its holder between our open and our lock."""
+    from chainrows.io.errors import InputError
+
+    if fcntl is None:
+        return None
+    path = out_dir / OUT_LOCK_NAME
+    for _ in range(100):
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InputError("another chainrows run is writing to this directory; wait for it "
+                             "to end, or write elsewhere", directory=out_dir) from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    raise RuntimeError(f"could not lock {path}")
+
+
+def _unlock_out_dir(out_dir: Path, fd: int) -> None:
+    """Remove the lock file while still holding it, then release it."""
+    try:
+        path = out_dir / OUT_LOCK_NAME
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            path.unlink()
+    except OSError:
+        pass
+    os.close(fd)
+
 
 def _make_locked_temp_dir(out_dir: Path) -> tuple[Path, int | None]:
     """Create ``.chainrows-tmp-<pid>-<rand>/`` holding an flock'ed ``.lock``. Retries if a
