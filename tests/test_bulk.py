@@ -1,8 +1,10 @@
 """The dataset runner: Parquet in, Parquet out, on each of its three paths (in memory,
 streaming windows, spill buckets), resumable, under a memory budget."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -130,6 +132,39 @@ def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, rout
     assert again.calls == 2  # batches 2 and 3 only
     assert summary.rollouts == 240
     assert _bytes(out) == _bytes(reference_out)
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+@pytest.mark.parametrize("damage", ["rows run cut short", "report run missing", "marker garbled"])
+@pytest.mark.parametrize("route,done_glob,redone", [(spill(4), "spill/*/done.json", 4),
+                                                    (stream(4), "windows/step-*.json", 3)],
+                         ids=["spill", "stream"])
+def test_resume_redoes_a_finished_batch_whose_run_is_damaged(dataset, tmp_path, route, done_glob,
+                                                             redone, damage):
+    """Runs are not fsynced: after a machine crash a marker may outlive its run's bytes. A
+    stream step is decided again; a spill bucket (its inputs deleted) sends the job back to
+    partitioning."""
+    bulk.run(dataset, tmp_path / "ref", route=MEMORY)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        bulk.run(dataset, out, route=route, reassemble=Counted(crash_at=3))
+    marker = sorted((out / bulk.WORK_DIR).glob(done_glob))[0]
+    stem = Path(json.loads(marker.read_text())["stem"])
+    if damage == "rows run cut short":
+        _truncate(stem.with_name(stem.name + ".rows.arrow"))
+    elif damage == "report run missing":
+        stem.with_name(stem.name + ".report.arrow").unlink()
+    else:
+        marker.write_text("{not json")
+    again = Counted()
+    summary = bulk.run(dataset, out, route=route, resume=True, reassemble=again)
+    assert again.calls == redone
+    assert summary.rollouts == 240
+    assert _bytes(out) == _bytes(tmp_path / "ref")
 
 
 def test_resume_ignores_work_of_other_options(dataset, tmp_path):

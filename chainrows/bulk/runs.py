@@ -81,6 +81,19 @@ def write_run(table: pa.Table, path: Path, batch_rows: int) -> None:
         w.write(table)
 
 
+def run_intact(path: Path, size: int) -> bool:
+    """The run at ``path`` is whole: ``size`` bytes, as recorded, ending in a readable IPC
+    footer (a run cut short by a crash or emptied by a lost page cache fails both)."""
+    try:
+        if path.stat().st_size != size:
+            return False
+        with pa.OSFile(str(path)) as src:
+            pa.ipc.open_file(src)
+        return True
+    except (OSError, pa.ArrowException):
+        return False
+
+
 def run_batches(path: Path):
     """The record batches of a run, one at a time, as written."""
     pool = pa.default_memory_pool()
