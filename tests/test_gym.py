@@ -427,6 +427,16 @@ MALFORMED = [
      + lines[5:], "field 'token_ids_delta' entry 1 must be an integer, got the number 2.0"),
     ("staged", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), token_mask_delta=[0, False]))] + lines[1:],
      "field 'token_mask_delta' entry 1 must be a number, got a boolean"),
+    # nested arrays: numpy would read a rectangular one as 2-D and refuse a ragged one
+    ("staged", 4, lambda lines: lines[:3] + [json.dumps(dict(json.loads(lines[3]), token_ids_delta=[[1, 2], [3, 4]]))]
+     + lines[4:], "field 'token_ids_delta' entry 0 must be an integer"),
+    ("staged", 4, lambda lines: lines[:3] + [json.dumps(dict(json.loads(lines[3]), token_ids_delta=[[1], [2, 3]]))]
+     + lines[4:], "field 'token_ids_delta' entry 0 must be an integer"),
+    ("staged", 2, lambda lines: lines[:1] + [json.dumps(dict(json.loads(lines[1]),
+                                                             generation_log_probs_delta=[[0.0], [0.1, 0.2]]))]
+     + lines[2:], "field 'generation_log_probs_delta' entry 0 must be a number"),
+    ("staged", 2, lambda lines: lines[:1] + [json.dumps(dict(json.loads(lines[1]), token_mask_delta=[[0, 1]]))]
+     + lines[2:], "field 'token_mask_delta' entry 0 must be a number"),
     ("receipts", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), reward="high"))], "field 'reward'"),
     ("results", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), response=[]))], "field 'response'"),
 ]

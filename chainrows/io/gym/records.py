@@ -121,13 +121,23 @@ def _types_within(values: list, allowed: set) -> bool:
     return set(map(type, values)) <= allowed  # C-level scan: no Python loop per token
 
 
+def _inferred(values: list) -> np.ndarray | None:
+    """numpy's own reading of ``values`` when it is a flat array, else None (nested or ragged
+    entries: left to the per-value type check, which names the entry)."""
+    try:
+        arr = np.array(values)
+    except (ValueError, TypeError):
+        return None
+    return arr if arr.ndim == 1 else None
+
+
 def _int_array(o, name, no_bools: bool) -> tuple[np.ndarray, bool]:
     """(uint64 ids, in_range): ids outside [0, 2**64) are kept wrapped, flagged for verify.
     ``no_bools``: the line holds no ``true``/``false`` at all, so numpy's own type inference is
     an exact check (it would read a bool as 0/1); else every value's type is checked."""
     values = _numbers(o, name, "integers")
-    if no_bools and values:
-        arr = np.array(values)
+    arr = _inferred(values) if no_bools and values else None
+    if arr is not None:
         if arr.dtype.kind == "u":
             return arr.astype(np.uint64, copy=False), True
         if arr.dtype.kind == "i":
@@ -143,8 +153,8 @@ def _int_array(o, name, no_bools: bool) -> tuple[np.ndarray, bool]:
 
 def _float_array(o, name, no_bools: bool) -> np.ndarray:
     values = _numbers(o, name, "numbers")
-    if no_bools and values:
-        arr = np.array(values)
+    arr = _inferred(values) if no_bools and values else None
+    if arr is not None:
         if arr.dtype.kind in "fiu":
             return arr.astype(np.float64, copy=False)
     if not _types_within(values, {int, float}):
