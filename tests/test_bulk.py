@@ -167,6 +167,39 @@ def test_resume_redoes_a_finished_batch_whose_run_is_damaged(dataset, tmp_path, 
     assert _bytes(out) == _bytes(tmp_path / "ref")
 
 
+@pytest.mark.parametrize("route", [spill(3), stream(3)], ids=["spill", "stream"])
+def test_runs_compressed_or_not_give_the_same_bytes(dataset, tmp_path, monkeypatch, route):
+    from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
+
+    bulk.run(dataset, tmp_path / "ref", route=MEMORY)
+    kept = {}
+    for name, ipc in (("lz4", SPILL_IPC), ("plain", PLAIN_IPC)):
+        monkeypatch.setattr(planner, "spill_format", lambda *a, ipc=ipc: ipc)
+        out = tmp_path / name
+        bulk.run(dataset, out, route=route)
+        assert _bytes(out) == _bytes(tmp_path / "ref")
+        with pytest.raises(RuntimeError, match="simulated crash"):  # keep the runs to weigh them
+            bulk.run(dataset, tmp_path / f"{name}-kept", route=route, reassemble=Counted(crash_at=3))
+        kept[name] = sum(f.stat().st_size for f in (tmp_path / f"{name}-kept").rglob("*.arrow"))
+    assert kept["plain"] > kept["lz4"] > 0  # each run written as chosen
+
+
+def test_runs_are_compressed_only_when_the_disk_is_short(tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
+
+    usage = namedtuple("usage", "total used free")
+    for free, want in ((planner.RUN_DISK_FACTOR * 1000, PLAIN_IPC), (planner.RUN_DISK_FACTOR * 1000 - 1, SPILL_IPC)):
+        monkeypatch.setattr(planner.shutil, "disk_usage", lambda path, free=free: usage(0, 0, free))
+        assert planner.spill_format(tmp_path, 1000) is want
+
+    def unreadable(path):
+        raise OSError("no such device")
+    monkeypatch.setattr(planner.shutil, "disk_usage", unreadable)
+    assert planner.spill_format(tmp_path, 1000) is SPILL_IPC
+
+
 def test_resume_ignores_work_of_other_options(dataset, tmp_path):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):

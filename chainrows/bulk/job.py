@@ -108,12 +108,13 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
         else:
             prepare_work(work, manifest(dataset_dir, options, route), resume)
             with (one_arrow_thread() if tight else nullcontext()):
+                ipc = planner.spill_format(out, total)
                 if route.path == "stream":
-                    runs = _stream(dataset_dir, work, route, decide, room, schemas, progress)
+                    runs = _stream(dataset_dir, work, route, decide, room, schemas, ipc, progress)
                 else:
-                    runs = _spill(dataset_dir, work, route, decide, room, total, schemas, progress)
+                    runs = _spill(dataset_dir, work, route, decide, room, total, schemas, ipc, progress)
                 summary.merge(summary_of(runs))
-                _merge(work, runs, rows_w, report_w, room, tight, progress)
+                _merge(work, runs, rows_w, report_w, room, tight, ipc, progress)
     shutil.rmtree(work, ignore_errors=True)  # only after the outputs are committed
     summary.seconds = time.perf_counter() - t0
     summary.peak_rss = process_peak_rss() or 0
@@ -180,15 +181,15 @@ def prepare_work(work: Path, wanted: dict, resume: bool) -> None:
     write_json_atomic(path, wanted)
 
 
-def _keep(result: Result, where: Path, stem: str, schemas: dict, batch_bytes: int) -> dict:
+def _keep(result: Result, where: Path, stem: str, schemas: dict, batch_bytes: int, ipc) -> dict:
     """A batch's sorted outputs as runs ``<stem>.rows.arrow`` / ``.report.arrow`` in batches of
     about ``batch_bytes``; returns its record (counts, where, the largest batch)."""
     rows = result.rows.cast(schemas["rows"])
     per_row = max(rows.nbytes // max(rows.num_rows, 1), 1)
     batch_rows = int(max(1, min(RUN_MAX_ROWS, batch_bytes // per_row)))
-    write_run(rows, _run_path(where / stem, "rows"), batch_rows)
+    write_run(rows, _run_path(where / stem, "rows"), batch_rows, ipc)
     report_rows = int(max(1, min(RUN_MAX_ROWS, batch_bytes // REPORT_ROW_BYTES)))
-    write_run(result.report, _run_path(where / stem, "report"), report_rows)
+    write_run(result.report, _run_path(where / stem, "report"), report_rows, ipc)
     part = Summary()
     part.add(result)
     return {"summary": part.counts_json(), "stem": str(where / stem), "batch_bytes": batch_rows * per_row,
@@ -220,7 +221,7 @@ def _run_batch_bytes(room: int, runs: int) -> int:
     return max(1, (room // MERGE_SHARE) // (2 * max(runs, 1)))
 
 
-def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, progress) -> list[dict]:
+def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, ipc, progress) -> list[dict]:
     windows = work / "windows"
     windows.mkdir(exist_ok=True)
     plan = route.plan
@@ -229,7 +230,7 @@ def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, p
     in_schemas = {n: table_schema(dataset_dir, n) for n in TABLES}
 
     def store(k, result):
-        record = _keep(result, windows, f"step-{k:05d}", schemas, _run_batch_bytes(room, plan.steps))
+        record = _keep(result, windows, f"step-{k:05d}", schemas, _run_batch_bytes(room, plan.steps), ipc)
         write_json_atomic(windows / f"step-{k:05d}.json", record)
         bar.advance(1)
 
@@ -250,7 +251,8 @@ def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, p
     return [json.loads(p.read_text()) for p in sorted(windows.glob("step-*.json"))]
 
 
-def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int, schemas, progress) -> list[dict]:
+def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int, schemas, ipc,
+           progress) -> list[dict]:
     # The streaming Parquet reader holds ~13x its batch, the bucket buffers ~2.4x their size:
     # batches of room/128 and buffers of room/16 keep partitioning near a third of the room.
     spill_dir = work / "spill"
@@ -260,10 +262,10 @@ def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int,
         shutil.rmtree(spill_dir, ignore_errors=True)
         (work / FINISHED).unlink(missing_ok=True)
     spill = partition_once(dataset_dir, work, route.batches, _batch_rows(dataset_dir, room // 128),
-                           max(4 << 20, room // 16), total, progress)
+                           max(4 << 20, room // 16), total, progress, ipc)
     return reassemble_buckets(spill, route.batches, decide,
                               lambda b, result, d: _keep(result, d, "out", schemas,
-                                                         _run_batch_bytes(room, route.batches)),
+                                                         _run_batch_bytes(room, route.batches), ipc),
                               progress)
 
 
@@ -275,7 +277,7 @@ def _batch_rows(dataset_dir, batch_bytes: int) -> int:
     return int(max(64, min(1 << 20, batch_bytes / max(size / max(rows, 1), 1.0))))
 
 
-def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: bool, progress) -> None:
+def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: bool, ipc, progress) -> None:
     """Merge the sorted runs into the final writers: all at once when their batches fit the
     merge's share of the room (runs were cut for that), else in levels."""
     stems = [Path(r["stem"]) for r in records]
@@ -290,10 +292,10 @@ def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: 
     report_batch = min((r.get("report_rows", RUN_MAX_ROWS) for r in records), default=RUN_MAX_ROWS)
     bar = Progress("merge", 2, enabled=progress, unit="tables")
     merge_tree([s.with_name(s.name + f".rows{RUN_SUFFIX}") for s in stems], rows_w,
-               rows_batch, fan_in, work / "merge-rows", release=tight)
+               rows_batch, fan_in, work / "merge-rows", release=tight, ipc=ipc)
     bar.advance(1)
     merge_tree([s.with_name(s.name + f".report{RUN_SUFFIX}") for s in stems], report_w, report_batch,
-               report_fan_in, work / "merge-report", release=tight)
+               report_fan_in, work / "merge-report", release=tight, ipc=ipc)
     bar.advance(1)
     bar.close()
 

@@ -10,6 +10,7 @@ running process after its kernels are loaded.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ import pyarrow.parquet as pq
 from chainrows.io.dataset import TABLES, table_files, table_schema
 from chainrows.io.errors import InputError
 from chainrows.io.memory import process_rss, release_memory
+from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
 from chainrows.options import Options
 
 DEFAULT_BUDGET = 4 << 30
@@ -30,6 +32,7 @@ SHARE = 0.75             # of the room above the baseline, what the planned peak
 SPILL_PEAK_FACTOR = 6.0  # spill bucket: peak over its input, allocator retention included
 BUCKET_SHARE = 0.6
 MAX_STEPS = 64
+RUN_DISK_FACTOR = 4  # buckets (~ the input) and runs (~ the output) uncompressed, with margin
 STREAM_MIN_ROOM = 1 << 30  # below this room, spill: its factors are measured down to 384 MiB budgets
 
 
@@ -101,6 +104,17 @@ def input_bytes(dataset_dir) -> dict[str, int]:
         table_schema(dataset_dir, name)
     return {name: sum(uncompressed(footer(name, f)) for f in table_files(dataset_dir, name))
             for name in TABLES}
+
+
+def spill_format(work_parent, total_bytes: int) -> pa.ipc.IpcWriteOptions:
+    """Write options of the spill buckets and sorted runs: uncompressed when the disk under
+    ``work_parent`` has RUN_DISK_FACTOR times the input's uncompressed bytes free (lz4 cost
+    about a seventh of a shuffled run's CPU, docs/decisions-io.md), else lz4 (about half the bytes)."""
+    try:
+        free = shutil.disk_usage(work_parent).free
+    except OSError:
+        return SPILL_IPC
+    return PLAIN_IPC if free >= RUN_DISK_FACTOR * total_bytes else SPILL_IPC
 
 
 def fits_in_memory(total_bytes: int, room: int) -> bool:

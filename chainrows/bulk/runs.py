@@ -26,11 +26,12 @@ class RunWriter:
     sizes of the tables appended. A context manager; ``close`` is idempotent. ``commit=True``
     writes to ``<path>.tmp`` and renames it to ``path`` on a clean close only."""
 
-    def __init__(self, path: Path, schema: pa.Schema, batch_rows: int, *, commit: bool = False):
+    def __init__(self, path: Path, schema: pa.Schema, batch_rows: int, *, commit: bool = False,
+                 ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS):
         self.path = Path(path)
         self._target = self.path.with_name(self.path.name + ".tmp") if commit else self.path
         self._sink = pa.OSFile(str(self._target), "wb")
-        self._w = pa.ipc.new_file(self._sink, schema, options=IPC_OPTIONS)
+        self._w = pa.ipc.new_file(self._sink, schema, options=ipc)
         self.batch_rows = batch_rows
         self._pending: list[pa.Table] = []
         self._rows = 0
@@ -75,9 +76,9 @@ class RunWriter:
         self.close(failed=exc_type is not None)
 
 
-def write_run(table: pa.Table, path: Path, batch_rows: int) -> None:
+def write_run(table: pa.Table, path: Path, batch_rows: int, ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS) -> None:
     """``table`` (sorted) as the run ``path``, atomically."""
-    with RunWriter(path, table.schema, batch_rows, commit=True) as w:
+    with RunWriter(path, table.schema, batch_rows, commit=True, ipc=ipc) as w:
         w.write(table)
 
 
@@ -109,9 +110,9 @@ def run_schema(path: Path) -> pa.Schema:
 
 
 def merge_tree(files: list[Path], writer, batch_rows: int, fan_in: int, scratch: Path,
-               release: bool = False) -> None:
+               release: bool = False, ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS) -> None:
     """Merge sorted runs into ``writer``, at most ``fan_in`` open at once (extra levels through
-    intermediate runs of ``batch_rows``-row batches when there are more)."""
+    intermediate runs of ``batch_rows``-row batches, written with ``ipc``, when there are more)."""
     level = 0
     while len(files) > fan_in:
         scratch.mkdir(parents=True, exist_ok=True)
@@ -119,7 +120,7 @@ def merge_tree(files: list[Path], writer, batch_rows: int, fan_in: int, scratch:
         for i in range(0, len(files), fan_in):
             group = files[i:i + fan_in]
             path = scratch / f"run-{level}-{i // fan_in:05d}{RUN_SUFFIX}"
-            with RunWriter(path, run_schema(group[0]), batch_rows) as w:
+            with RunWriter(path, run_schema(group[0]), batch_rows, ipc=ipc) as w:
                 merge_sorted(group, w, release)
             if level:  # intermediate runs only: the first level's inputs stay for --resume
                 for f in group:

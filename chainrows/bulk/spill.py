@@ -13,7 +13,7 @@ from chainrows.api import Result
 from chainrows.bulk.summary import Summary
 from chainrows.io.dataset import TABLES
 from chainrows.io.memory import release_memory
-from chainrows.io.partition import bucket_dir, partition, read_bucket
+from chainrows.io.partition import SPILL_IPC, bucket_dir, partition, read_bucket
 from chainrows.io.write import write_json_atomic
 from chainrows.progress import Progress
 
@@ -21,13 +21,13 @@ FINISHED = "partitioned"
 
 
 def partition_once(dataset_dir, work: Path, buckets: int, batch_rows: int, buffer_bytes: int,
-                   total: int, progress) -> Path:
+                   total: int, progress, ipc=SPILL_IPC) -> Path:
     """The spill buckets under ``work/spill``, partitioned unless a resumed job already did."""
     spill = work / "spill"
     if not (work / FINISHED).exists():
         shutil.rmtree(spill, ignore_errors=True)
         bar = Progress("partition", total, enabled=progress)
-        partition(dataset_dir, spill, buckets, batch_rows, bar, buffer_bytes=buffer_bytes)
+        partition(dataset_dir, spill, buckets, batch_rows, bar, buffer_bytes=buffer_bytes, ipc=ipc)
         bar.close()
         (work / FINISHED).touch()
     return spill

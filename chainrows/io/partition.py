@@ -27,7 +27,8 @@ from chainrows.io.errors import InputError
 from chainrows.io.memory import release_memory
 from chainrows.io.take import take_rows
 
-SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
+SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)  # when disk is short
+PLAIN_IPC = pa.ipc.IpcWriteOptions(compression=None, use_threads=False)
 
 
 def string_hashes(col, second: bool = False) -> np.ndarray:
@@ -95,8 +96,8 @@ def _part_name(i: int) -> str:
     return f"part-{i:06d}.arrow"
 
 
-def _write_part(path: Path, schema: pa.Schema, tables: list[pa.Table]) -> None:
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema, options=SPILL_IPC) as w:
+def _write_part(path: Path, schema: pa.Schema, tables: list[pa.Table], ipc: pa.ipc.IpcWriteOptions) -> None:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema, options=ipc) as w:
         for table in tables:
             w.write_table(table)
 
@@ -116,12 +117,13 @@ def read_bucket(bucket: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
 
 
 def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progress=None,
-              buffer_bytes: int = 64 << 20) -> list[Path]:
+              buffer_bytes: int = 64 << 20, ipc: pa.ipc.IpcWriteOptions = SPILL_IPC) -> list[Path]:
     """Write every bucket's three tables under ``spill``; returns the bucket directories.
 
     Rows are buffered per bucket and flushed, all buckets at once, as numbered part files
     (``bucket-00007/tokens/part-000003.arrow``) whenever ``buffer_bytes`` are buffered: no
-    writer stays open, so memory does not grow with the number of buckets.
+    writer stays open, so memory does not grow with the number of buckets. ``ipc``: the part
+    files' write options (compression).
     """
     router = Router(dataset_dir, n_buckets, batch_rows)
     dirs = [bucket_dir(spill, b) for b in range(n_buckets)]
@@ -129,7 +131,7 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
         schema = table_schema(dataset_dir, name)
         for d in dirs:
             (d / name).mkdir(parents=True, exist_ok=True)
-            _write_part(d / name / _part_name(0), schema, [])
+            _write_part(d / name / _part_name(0), schema, [], ipc)
         buffers: list[list[pa.Table]] = [[] for _ in dirs]
         state = {"bytes": 0, "part": 1}
         # The bar's total is the footers' uncompressed bytes (what the planner sizes a run by),
@@ -143,7 +145,7 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
         def flush():
             for b, tables in enumerate(buffers):
                 if tables:
-                    _write_part(dirs[b] / name / _part_name(state["part"]), schema, tables)
+                    _write_part(dirs[b] / name / _part_name(state["part"]), schema, tables, ipc)
                     tables.clear()
             state["bytes"] = 0
             state["part"] += 1
