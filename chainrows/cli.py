@@ -446,8 +446,6 @@ def main(argv=None) -> int:
 
     out = getattr(args, "out", None)
     fresh = out is not None and not os.path.lexists(out)  # an OUT this run makes
-    work = _work_dir(args)
-    new_work = work is not None and not os.path.lexists(work)  # work this run would start
     rc = 1
     try:
         rc = COMMANDS[args.command](args)
@@ -479,10 +477,6 @@ def main(argv=None) -> int:
         print(f"chainrows: internal error: {type(exc).__name__}: {msg}", file=sys.stderr)
         rc = 1
     finally:
-        if rc == 2 and new_work:  # unusable input: the partial work is of no use to --resume
-            import shutil
-
-            shutil.rmtree(work, ignore_errors=True)
         if rc != 0 and fresh:
             _remove_if_empty(out)
     return rc

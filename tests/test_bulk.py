@@ -200,6 +200,47 @@ def test_runs_are_compressed_only_when_the_disk_is_short(tmp_path, monkeypatch):
     assert planner.spill_format(tmp_path, 1000) is SPILL_IPC
 
 
+def test_a_refused_run_leaves_the_running_runs_work_alone(dataset, tmp_path, monkeypatch, capsys):
+    """The lock is taken after the planner's measurements: the first run may make its work dir
+    while a second one starts, and the second, refused, must not delete it."""
+    from chainrows.cli import main
+    from chainrows.io.write import AtomicOutput
+
+    out = tmp_path / "out"
+    work = out / bulk.WORK_DIR
+    measure = planner.measure_footprint
+
+    def first_run_makes_its_work_meanwhile(*a):
+        footprint = measure(*a)
+        work.mkdir()
+        (work / "manifest.json").write_text("{}")
+        return footprint
+
+    monkeypatch.setattr(planner, "measure_footprint", first_run_makes_its_work_meanwhile)
+    with pytest.raises(KeyboardInterrupt):
+        with AtomicOutput(out):  # the first run holds OUT
+            assert main(["reassemble", str(dataset), str(out), "--buckets", "2", "--no-progress"]) == 2
+            assert "another chainrows run is writing" in capsys.readouterr().err
+            assert (work / "manifest.json").read_text() == "{}"
+            raise KeyboardInterrupt
+
+
+def test_unusable_input_found_mid_run_removes_the_work_it_started(dataset, tmp_path):
+    out = tmp_path / "out"
+
+    def unusable(*tables):
+        raise InputError("tokens: simulated unusable row")
+
+    with pytest.raises(InputError):
+        bulk.run(dataset, out, route=spill(2), reassemble=unusable)
+    assert not (out / bulk.WORK_DIR).exists()
+    with pytest.raises(RuntimeError):  # work kept by an interrupted run ...
+        bulk.run(dataset, out, route=spill(2), reassemble=Counted(crash_at=2))
+    with pytest.raises(InputError):  # ... is not this run's to delete
+        bulk.run(dataset, out, route=spill(2), resume=True, reassemble=unusable)
+    assert (out / bulk.WORK_DIR / "manifest.json").exists()
+
+
 def test_resume_ignores_work_of_other_options(dataset, tmp_path):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):

@@ -830,6 +830,34 @@ def test_one_atomic_output_at_a_time_per_directory(tmp_path):
     assert _entries(out) == ["report.parquet", "rows.parquet"]
 
 
+def test_work_removed_after_commit_while_the_lock_is_held(tmp_path, monkeypatch):
+    import fcntl
+
+    out, work = tmp_path / "out", tmp_path / "out" / ".chainrows-work"
+    seen = []
+    rmtree = wmod.shutil.rmtree
+
+    def spy(path, *a, **k):
+        if Path(path) == work:  # is another run still kept out at this moment?
+            fd = os.open(out / wmod.OUT_LOCK_NAME, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen.append("free")
+            except BlockingIOError:
+                seen.append("held")
+            finally:
+                os.close(fd)
+        return rmtree(path, *a, **k)
+
+    monkeypatch.setattr(wmod.shutil, "rmtree", spy)
+    with AtomicOutput(out, remove_after_commit=[work]) as o:
+        work.mkdir()
+        o.write_table("rows", _rows_table())
+        o.write_table("report", _report_table())
+    assert seen == ["held"] and not work.exists()
+    assert _entries(out) == ["report.parquet", "rows.parquet"]
+
+
 def test_stale_temp_dir_without_lock_file_cleaned_by_age(tmp_path):
     old, young = tmp_path / ".chainrows-tmp-1-old", tmp_path / ".chainrows-tmp-2-young"
     old.mkdir()

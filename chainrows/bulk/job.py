@@ -33,6 +33,7 @@ from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
 from chainrows.bulk.windows import plan_windows, scan
 from chainrows.io.dataset import TABLES, read_dataset, table_files, table_schema
+from chainrows.io.errors import InputError
 from chainrows.io.memory import one_arrow_thread, process_peak_rss
 from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
@@ -90,7 +91,7 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     out.mkdir(parents=True, exist_ok=True)
     schemas = {"rows": rows_schema(has_lp), "report": REPORT_SCHEMA}
     tight = room < planner.STREAM_MIN_ROOM  # one encoder, Arrow on one thread, trim after steps
-    with AtomicOutput(out) as staged, \
+    with AtomicOutput(out, remove_after_commit=[work]) as staged, \
             PartsWriter(lambda: staged.reserve_part("rows"), schemas["rows"], unit_column="input_ids",
                         encoders=1 if tight else ENCODERS,
                         max_pending_bytes=max(1, room // ENCODE_SHARE)) as rows_w, \
@@ -106,16 +107,21 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
             bar.advance(1)
             bar.close()
         else:
-            prepare_work(work, manifest(dataset_dir, options, route), resume)
-            with (one_arrow_thread() if tight else nullcontext()):
-                ipc = planner.spill_format(out, total)
-                if route.path == "stream":
-                    runs = _stream(dataset_dir, work, route, decide, room, schemas, ipc, progress)
-                else:
-                    runs = _spill(dataset_dir, work, route, decide, room, total, schemas, ipc, progress)
-                summary.merge(summary_of(runs))
-                _merge(work, runs, rows_w, report_w, room, tight, ipc, progress)
-    shutil.rmtree(work, ignore_errors=True)  # only after the outputs are committed
+            made_work = not work.exists()  # checked under the lock: this run's own, if made now
+            try:
+                prepare_work(work, manifest(dataset_dir, options, route), resume)
+                with (one_arrow_thread() if tight else nullcontext()):
+                    ipc = planner.spill_format(out, total)
+                    if route.path == "stream":
+                        runs = _stream(dataset_dir, work, route, decide, room, schemas, ipc, progress)
+                    else:
+                        runs = _spill(dataset_dir, work, route, decide, room, total, schemas, ipc, progress)
+                    summary.merge(summary_of(runs))
+                    _merge(work, runs, rows_w, report_w, room, tight, ipc, progress)
+            except InputError:  # unusable input: work this run started is of no use to --resume
+                if made_work:
+                    shutil.rmtree(work, ignore_errors=True)
+                raise
     summary.seconds = time.perf_counter() - t0
     summary.peak_rss = process_peak_rss() or 0
     return summary

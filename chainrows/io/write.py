@@ -167,8 +167,12 @@ class AtomicOutput:
     """
 
     def __init__(self, out_dir: str | os.PathLike, names: Iterable[str] = OUTPUT_NAMES, *,
-                 durable: bool = True):
+                 durable: bool = True, remove_after_commit: Iterable[str | os.PathLike] = ()):
+        """``remove_after_commit``: paths (a run's work directory) deleted once the outputs are
+        committed, while the lock on ``out_dir`` is still held, so a run that takes the lock
+        next never sees them vanish under it."""
         self.out_dir = Path(out_dir)
+        self.remove_after_commit = tuple(Path(p) for p in remove_after_commit)
         self.names = tuple(names)
         self.durable = durable
         self.tmp_dir: Path | None = None
@@ -247,6 +251,8 @@ class AtomicOutput:
         self.committed = True
         shutil.rmtree(tmp, ignore_errors=True)
         self.tmp_dir = None
+        for path in self.remove_after_commit:
+            shutil.rmtree(path, ignore_errors=True)
         self._release()
 
     # -- writing
@@ -336,8 +342,10 @@ def _lock_out_dir(out_dir: Path) -> int | None:
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BaseException as exc:
             os.close(fd)
+            if not isinstance(exc, BlockingIOError):
+                raise
             raise InputError("another chainrows run is writing to this directory; wait for it "
                              "to end, or write elsewhere", directory=out_dir) from None
         try:
