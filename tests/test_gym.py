@@ -437,6 +437,9 @@ MALFORMED = [
      + lines[2:], "field 'generation_log_probs_delta' entry 0 must be a number"),
     ("staged", 2, lambda lines: lines[:1] + [json.dumps(dict(json.loads(lines[1]), token_mask_delta=[[0, 1]]))]
      + lines[2:], "field 'token_mask_delta' entry 0 must be a number"),
+    # a line nested too deeply for json.loads (RecursionError): a form error like any other
+    ("staged", 2, lambda lines: lines[:1] + ['{"a": ' + "[" * 200_000 + "]" * 200_000 + "}"] + lines[2:],
+     "invalid JSON: nested too deeply"),
     ("receipts", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), reward="high"))], "field 'reward'"),
     ("results", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), response=[]))], "field 'response'"),
 ]
@@ -465,6 +468,20 @@ def test_malformed_line_exits_2_naming_file_and_line_and_writes_nothing(tmp_path
     assert rc == 2
     assert "\n" not in err and f"line {line}:" in err and message in err and str(path) in err, err
     assert not out.exists()
+
+
+def test_a_deep_line_does_not_hide_an_earlier_lines_error(tmp_path, capsys):
+    """The fast reader parses a block of lines before handing any out: a later line too deep
+    for json.loads must fall back, so the first bad line is still the one named."""
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    path = dump / "staged.jsonl"
+    lines = path.read_text().splitlines()
+    lines[0] = json.dumps(dict(json.loads(lines[0]), prev_len="0"))
+    lines[1] = lines[1].rstrip()[:-1] + ', "a": ' + "[" * 200_000 + "]" * 200_000 + "}"  # arrays kept
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["import-gym", str(dump), str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err
+    assert "staged: line 1: field 'prev_len'" in err and "\n" not in err.strip(), err
 
 
 def test_malformed_line_keeps_an_existing_dataset(tmp_path):

@@ -372,9 +372,10 @@ def read_block(lines: list) -> list:
             parts.append(b"0")
             at = s[2 * k + 1]
         parts.append(raw[at:])
-        try:
-            rec = json.loads(b"".join(parts))
-        except ValueError:
+        try:  # decoded as UTF-8 here: json.loads(bytes) would guess UTF-16/32 from NULs, which the
+            # kernel, lexing bytes, never does; such a line falls back (as does a too deep one)
+            rec = json.loads(b"".join(parts).decode("utf-8", "surrogatepass"))
+        except (ValueError, RecursionError):
             rec = None
         if not isinstance(rec, dict) or any(type(rec.get(f)) is not int or rec[f] != 0 for f in _KEYS):
             FALLBACKS["json.loads rejects the rest" if rec is None else "unexpected object"] += 1

@@ -69,8 +69,15 @@ def parse_line(raw: bytes, file: Path, number: int, table: str) -> Line:
     """One JSON object; InputError for bad UTF-8, bad JSON or a non-object."""
     try:
         rec = json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "invalid UTF-8"
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, int limits
+        if isinstance(exc, json.JSONDecodeError):
+            msg = exc.msg
+        elif isinstance(exc, UnicodeDecodeError):
+            msg = "invalid UTF-8"
+        elif isinstance(exc, RecursionError):
+            msg = "nested too deeply"
+        else:  # e.g. an integer literal past Python's digit limit
+            msg = " ".join(str(exc).split())
         raise InputError(f"line {number}: invalid JSON: {msg}", table=table, file=file, line=number) from exc
     if not isinstance(rec, dict):
         raise InputError(f"line {number}: expected a JSON object, got {_kind(rec)}", table=table,
