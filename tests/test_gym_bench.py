@@ -38,6 +38,7 @@ def test_one_run_script_prints_ratios(capsys):
 
     assert gym.main(["--rollouts", "2"]) == 0
     out = capsys.readouterr().out
-    for label in ("import_gym MB/s", "verifier alone MB/s", "sha256 staged floor", "sha256 checks floor"):
+    for label in ("import_gym MB/s", "import_gym, exact parser", "verifier alone MB/s", "sha256 staged floor",
+                  "sha256 checks floor", "import CPU s (fast, exact)"):
         assert label in out
-    assert out.count("/ staged floor") == 4
+    assert out.count("/ staged floor") == 6  # import, exact parser and verifier, on 1 and 2 threads

@@ -503,7 +503,10 @@ def test_resume_after_sigkill_is_identical(crash_data, uninterrupted, tmp_path):
 
 
 def _plant(report_run: Path) -> None:
-    """Mark a finished bucket's report run (Arrow IPC) so a run that reuses it shows it."""
+    """Mark a finished bucket's report run (Arrow IPC) so a run that reuses it shows it; its
+    record gets the new size (--resume reuses only runs of the size recorded)."""
+    import json
+
     from chainrows.bulk.runs import write_run
 
     with pa.OSFile(str(report_run)) as src:
@@ -511,6 +514,10 @@ def _plant(report_run: Path) -> None:
     t = t.set_column(t.schema.get_field_index("detail"), "detail",
                      pa.array(["PLANTED"] * t.num_rows, pa.string()))
     write_run(t, report_run, 65536)
+    marker = report_run.parent / "done.json"
+    record = json.loads(marker.read_text())
+    record["sizes"]["report"] = report_run.stat().st_size
+    marker.write_text(json.dumps(record))
 
 
 def _planted(out: Path) -> bool:
