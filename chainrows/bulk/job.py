@@ -27,8 +27,8 @@ import pyarrow as pa
 
 from chainrows.api import Result, run_tables
 from chainrows.bulk import plan as planner
-from chainrows.bulk.runs import RUN_SUFFIX, merge_tree, run_intact, write_run
-from chainrows.bulk.spill import FINISHED, partition_once, reassemble_buckets, summary_of
+from chainrows.bulk.runs import kept_record, merge_tree, run_path, write_run
+from chainrows.bulk.spill import partition_once, reassemble_buckets, summary_of
 from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
 from chainrows.bulk.windows import plan_windows, scan
@@ -193,33 +193,14 @@ def _keep(result: Result, where: Path, stem: str, schemas: dict, batch_bytes: in
     rows = result.rows.cast(schemas["rows"])
     per_row = max(rows.nbytes // max(rows.num_rows, 1), 1)
     batch_rows = int(max(1, min(RUN_MAX_ROWS, batch_bytes // per_row)))
-    write_run(rows, _run_path(where / stem, "rows"), batch_rows, ipc)
+    write_run(rows, run_path(where / stem, "rows"), batch_rows, ipc)
     report_rows = int(max(1, min(RUN_MAX_ROWS, batch_bytes // REPORT_ROW_BYTES)))
-    write_run(result.report, _run_path(where / stem, "report"), report_rows, ipc)
+    write_run(result.report, run_path(where / stem, "report"), report_rows, ipc)
     part = Summary()
     part.add(result)
     return {"summary": part.counts_json(), "stem": str(where / stem), "batch_bytes": batch_rows * per_row,
             "batch_rows": batch_rows, "report_rows": report_rows,
-            "sizes": {t: _run_path(where / stem, t).stat().st_size for t in ("rows", "report")}}
-
-
-def _run_path(stem: Path, table: str) -> Path:
-    return stem.with_name(f"{stem.name}.{table}{RUN_SUFFIX}")
-
-
-def kept_record(marker: Path) -> dict | None:
-    """The record a finished window or bucket left at ``marker``, or None when the marker or
-    either of its runs is missing, unreadable or not the size it recorded. Runs are not
-    fsynced (a finished run is rarely worth a forced disk write): a resumed job redoes what a
-    crash of the machine cut short instead of trusting it."""
-    try:
-        record = json.loads(marker.read_text())
-        sizes = record["sizes"]
-        if all(run_intact(_run_path(Path(record["stem"]), t), int(sizes[t])) for t in ("rows", "report")):
-            return record
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+            "sizes": {t: run_path(where / stem, t).stat().st_size for t in ("rows", "report")}}
 
 
 def _run_batch_bytes(room: int, runs: int) -> int:
@@ -261,12 +242,6 @@ def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int,
            progress) -> list[dict]:
     # The streaming Parquet reader holds ~13x its batch, the bucket buffers ~2.4x their size:
     # batches of room/128 and buffers of room/16 keep partitioning near a third of the room.
-    spill_dir = work / "spill"
-    if any(kept_record(m) is None for m in spill_dir.glob("bucket-*/done.json")):
-        # a finished bucket's inputs are deleted, so a damaged run means partitioning again
-        Progress.say("resume: a finished bucket's run is damaged; partitioning again", enabled=progress)
-        shutil.rmtree(spill_dir, ignore_errors=True)
-        (work / FINISHED).unlink(missing_ok=True)
     spill = partition_once(dataset_dir, work, route.batches, _batch_rows(dataset_dir, room // 128),
                            max(4 << 20, room // 16), total, progress, ipc)
     return reassemble_buckets(spill, route.batches, decide,
@@ -297,10 +272,10 @@ def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: 
     rows_batch = min((r.get("batch_rows", RUN_MAX_ROWS) for r in records), default=RUN_MAX_ROWS)
     report_batch = min((r.get("report_rows", RUN_MAX_ROWS) for r in records), default=RUN_MAX_ROWS)
     bar = Progress("merge", 2, enabled=progress, unit="tables")
-    merge_tree([s.with_name(s.name + f".rows{RUN_SUFFIX}") for s in stems], rows_w,
+    merge_tree([run_path(s, "rows") for s in stems], rows_w,
                rows_batch, fan_in, work / "merge-rows", release=tight, ipc=ipc)
     bar.advance(1)
-    merge_tree([s.with_name(s.name + f".report{RUN_SUFFIX}") for s in stems], report_w, report_batch,
+    merge_tree([run_path(s, "report") for s in stems], report_w, report_batch,
                report_fan_in, work / "merge-report", release=tight, ipc=ipc)
     bar.advance(1)
     bar.close()

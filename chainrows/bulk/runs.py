@@ -8,6 +8,7 @@ and an IPC reader holds just its batches (docs/limits.md has the measurements).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -80,6 +81,26 @@ def write_run(table: pa.Table, path: Path, batch_rows: int, ipc: pa.ipc.IpcWrite
     """``table`` (sorted) as the run ``path``, atomically."""
     with RunWriter(path, table.schema, batch_rows, commit=True, ipc=ipc) as w:
         w.write(table)
+
+
+def run_path(stem: Path, table: str) -> Path:
+    """The run of ``table`` (rows, report) a batch kept under ``stem``."""
+    return stem.with_name(f"{stem.name}.{table}{RUN_SUFFIX}")
+
+
+def kept_record(marker: Path) -> dict | None:
+    """The record a finished window or bucket left at ``marker``, or None when the marker or
+    either of its runs is missing, unreadable or not the size it recorded. Runs are not
+    fsynced (a finished run is rarely worth a forced disk write): a resumed job redoes what a
+    crash of the machine cut short instead of trusting it."""
+    try:
+        record = json.loads(marker.read_text())
+        sizes = record["sizes"]
+        if all(run_intact(run_path(Path(record["stem"]), t), int(sizes[t])) for t in ("rows", "report")):
+            return record
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def run_intact(path: Path, size: int) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from chainrows.api import Result
+from chainrows.bulk.runs import kept_record
 from chainrows.bulk.summary import Summary
 from chainrows.io.dataset import TABLES
 from chainrows.io.memory import release_memory
@@ -22,8 +23,13 @@ FINISHED = "partitioned"
 
 def partition_once(dataset_dir, work: Path, buckets: int, batch_rows: int, buffer_bytes: int,
                    total: int, progress, ipc=SPILL_IPC) -> Path:
-    """The spill buckets under ``work/spill``, partitioned unless a resumed job already did."""
+    """The spill buckets under ``work/spill``, partitioned unless a resumed job already did and
+    every bucket it finished kept whole runs (a finished bucket's inputs are deleted, so a
+    damaged run means partitioning again)."""
     spill = work / "spill"
+    if (work / FINISHED).exists() and any(kept_record(m) is None for m in spill.glob("bucket-*/done.json")):
+        Progress.say("resume: a finished bucket's run is damaged; partitioning again", enabled=progress)
+        (work / FINISHED).unlink()
     if not (work / FINISHED).exists():
         shutil.rmtree(spill, ignore_errors=True)
         bar = Progress("partition", total, enabled=progress)
