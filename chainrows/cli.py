@@ -1,4 +1,4 @@
-"""The ``chainrows`` command line: reassemble, synth, import-jsonl, import-gym, export-gym, stats .
+"""The ``chainrows`` command line: reassemble, synth, import-jsonl, import-gym, export-gym, stats.
 
 Exit codes: 0 ran (masked rollouts included), 2 unusable input or bad arguments, 1 an internal
 error (one line; set CHAINROWS_DEBUG=1 for the traceback), 130 interrupted, 141 stdout closed by

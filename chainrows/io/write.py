@@ -330,31 +330,39 @@ def _undo(out_dir: Path, trash: Path, moved: list[str], placed: list[str]) -> No
 
 # ----------------------------------------------------------------------------- temp dirs
 
+def _flock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path`` (created if missing), or None when the file
+    was unlinked or replaced between our open and our lock (the caller retries). Raises
+    BlockingIOError when another process holds it."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            return fd
+    except FileNotFoundError:
+        pass
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
+
+
 def _lock_out_dir(out_dir: Path) -> int | None:
-    """flock ``out_dir/.chainrows-lock`` (non-blocking); InputError when another run holds it.
-    The inode check catches a file unlinked by its holder between our open and our lock."""
+    """flock ``out_dir/.chainrows-lock``; InputError when another run holds it."""
     from chainrows.io.errors import InputError
 
     if fcntl is None:
         return None
-    path = out_dir / OUT_LOCK_NAME
     for _ in range(100):
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException as exc:
-            os.close(fd)
-            if not isinstance(exc, BlockingIOError):
-                raise
+            fd = _flock(out_dir / OUT_LOCK_NAME)
+        except BlockingIOError:
             raise InputError("another chainrows run is writing to this directory; wait for it "
                              "to end, or write elsewhere", directory=out_dir) from None
-        try:
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    raise RuntimeError(f"could not lock {path}")
+        if fd is not None:
+            return fd
+    raise RuntimeError(f"could not lock {out_dir / OUT_LOCK_NAME}")
 
 
 def _unlock_out_dir(out_dir: Path, fd: int) -> None:
@@ -374,16 +382,14 @@ def _make_locked_temp_dir(out_dir: Path) -> tuple[Path, int | None]:
     for _ in range(100):
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=out_dir))
         lock = tmp / LOCK_NAME
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
         if fcntl is None:
-            return tmp, fd
+            return tmp, os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-                return tmp, fd
+            fd = _flock(lock)
         except OSError:
-            pass
-        os.close(fd)
+            fd = None
+        if fd is not None:
+            return tmp, fd
         shutil.rmtree(tmp, ignore_errors=True)
     raise RuntimeError(f"could not create a temp directory in {out_dir}")
 
