@@ -28,6 +28,7 @@ from chainrows.io.take import take_rows
 
 LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (order of magnitude)
 ROLLOUT_ROW_BYTES = 200
+TOKEN_ROW_BYTES = 64     # a token row in Arrow without its lists' values: ids, offsets
 SCAN_BATCH_ROWS = 1 << 16
 
 
@@ -96,12 +97,12 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
     del second
 
     # token row bytes: the rollout's ledger tokens spread evenly over its token rows
-    per_token = 4 + 4 + (4 if has_logprobs else 0)  # tokens, list offsets amortised, logprobs
+    per_token = 4 + (4 if has_logprobs else 0)  # int32 token, float32 logprob
     all_rid, rid_code = np.unique(np.concatenate([led_rid, tok_rid]), return_inverse=True)
     led_code, tok_code = rid_code[:len(led_rid)], rid_code[len(led_rid):]
     tokens_of = np.bincount(led_code, weights=np.clip(led_delta, 0, 1 << 31), minlength=len(all_rid))
     rows_of = np.bincount(tok_code, minlength=len(all_rid))
-    tok_bytes = 16 + per_token * tokens_of[tok_code] / np.maximum(rows_of[tok_code], 1)
+    tok_bytes = TOKEN_ROW_BYTES + per_token * tokens_of[tok_code] / np.maximum(rows_of[tok_code], 1)
 
     # every row of a rollout follows the group of its first rollouts row (SPEC §3 step 4: only
     # the first row counts), a repeated rollouts row included
