@@ -32,6 +32,7 @@ SHARE = 0.75             # of the room above the baseline, what the planned peak
 SPILL_PEAK_FACTOR = 6.0  # spill bucket: peak over its input, allocator retention included
 BUCKET_SHARE = 0.6
 MAX_STEPS = 64
+STEP_BYTES = 96 << 20  # the most input a streaming step reads (docs/limits.md "Memory budget")
 RUN_DISK_FACTOR = 4  # buckets (~ the input) and runs (~ the output) uncompressed, with margin
 STREAM_MIN_ROOM = 1 << 30  # below this room, spill: its factors are measured down to 384 MiB budgets
 
@@ -133,8 +134,11 @@ def stream_peak(plan) -> float:
 
 
 def first_steps(total_bytes: float, room: int) -> int:
-    """Steps so that one step's share of the input, decided, fits the room."""
-    return max(2, math.ceil(total_bytes * MEMORY_FACTOR / (SHARE * room)))
+    """Steps so that one step's share of the input, decided, fits the room, and is at most
+    STEP_BYTES (the first step's read and the last step's decide and write overlap nothing:
+    smaller steps leave less of the run unoverlapped)."""
+    fits = math.ceil(total_bytes * MEMORY_FACTOR / (SHARE * room))
+    return min(MAX_STEPS, max(2, fits, math.ceil(total_bytes / STEP_BYTES)))
 
 
 def spill_buckets(total_bytes: int, room: int) -> int:
