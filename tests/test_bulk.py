@@ -26,8 +26,8 @@ from test_properties import compare_outputs
 MEMORY = bulk.Route("memory", 1, "test")
 
 
-def stream(steps):
-    return bulk.Route("stream", steps, "test")
+def stream(steps, resident=()):
+    return bulk.Route("stream", steps, "test", resident=resident)
 
 
 def spill(buckets):
@@ -95,8 +95,9 @@ def test_round_trip_agrees_with_reference(dataset, tmp_path):
     assert summary.path == "memory"
 
 
-@pytest.mark.parametrize("route", [spill(2), spill(5), stream(2), stream(7), stream(40)],
-                         ids=lambda r: f"{r.path}-{r.batches}")
+@pytest.mark.parametrize("route", [spill(2), spill(5), stream(2), stream(7), stream(40),
+                                   stream(5, ("tokens",)), stream(3, ("ledger", "rollouts"))],
+                         ids=lambda r: f"{r.path}-{r.batches}" + "".join(f"-{n}" for n in r.resident))
 @pytest.mark.parametrize("layout", ["capture order", "shuffled"])
 def test_every_path_writes_the_same_bytes(dataset, shuffled, tmp_path, route, layout):
     src = dataset if layout == "capture order" else shuffled
@@ -117,8 +118,9 @@ def test_stream_path_with_other_options(dataset, tmp_path, options):
 
 
 @pytest.mark.parametrize("route,done_glob", [(spill(4), "spill/*/done.json"),
-                                             (stream(4), "windows/step-*.json")],
-                         ids=["spill", "stream"])
+                                             (stream(4), "windows/step-*.json"),
+                                             (stream(4, ("tokens",)), "windows/step-*.json")],
+                         ids=["spill", "stream", "stream-tokens-resident"])
 def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, route, done_glob):
     reference_out = tmp_path / "ref"
     bulk.run(dataset, reference_out, route=MEMORY)
@@ -312,13 +314,38 @@ def test_window_plan_decides_each_group_once_all_its_rows_are_read(dataset, shuf
     assert mixed.decided[-1] > 0.9 * mixed.decided.sum()  # shuffled: nearly all at the end
 
 
+def test_a_resident_table_is_read_first_and_held_to_the_end(shuffled):
+    """Tokens resident: all token rows are read at step 0 and counted as held at every step, so
+    shuffled token rows no longer hold groups back; the other tables' plan is the same."""
+    sc = scan(shuffled, True)
+    streamed, resident = plan_windows(sc, 8), plan_windows(sc, 8, ("tokens",))
+    tokens = sc.tables["tokens"].nbytes.sum()
+    assert resident.resident == ("tokens",)
+    assert list(resident.cuts["tokens"]) == [0] + [len(sc.tables["tokens"].group)] * 8
+    assert np.all(resident.held >= tokens - 1e-6 * tokens)
+    assert resident.read[0] >= tokens and np.all(resident.read[1:] < tokens)
+    for name in ("ledger", "rollouts"):
+        assert np.array_equal(resident.cuts[name], streamed.cuts[name])
+    assert resident.decided[-1] < 0.5 * resident.decided.sum()  # groups decided along the way
+    assert abs(resident.decided.sum() - sc.total_bytes) < 1e-6 * sc.total_bytes
+
+
 def test_route_choice_follows_the_input_order(dataset, shuffled, monkeypatch):
     total = sum(planner.input_bytes(dataset).values())
     assert bulk.choose_route(dataset, total, 1 << 40, True).path == "memory"
     room = int(total * planner.MEMORY_FACTOR / planner.SHARE / 3)  # about a third fits
     monkeypatch.setattr(planner, "STREAM_MIN_ROOM", 0)  # the data is small; the rule is the point
-    assert bulk.choose_route(dataset, total, room, True).path == "stream"
-    assert bulk.choose_route(shuffled, total, room, True).path == "spill"
+    capture = bulk.choose_route(dataset, total, room, True)
+    assert capture.path == "stream" and capture.resident == ()
+    tokens = scan(shuffled, True).tables["tokens"].nbytes.sum()  # the plan's estimate
+    roomy = int(1.5 * tokens / planner.SHARE)  # still far from fitting in memory
+    assert not planner.fits_in_memory(total, roomy)
+    mixed = bulk.choose_route(shuffled, total, roomy, True)
+    assert mixed.path == "stream" and mixed.resident == ("tokens",) and "tokens" in mixed.why
+    assert mixed.plan.resident == ("tokens",)
+    small = int(tokens / planner.SHARE) - 1  # the tokens table alone no longer fits
+    assert bulk.choose_route(dataset, total, small, True).path == "stream"
+    assert bulk.choose_route(shuffled, total, small, True).path == "spill"
     monkeypatch.setattr(planner, "STREAM_MIN_ROOM", room + 1)  # a tight budget always spills
     assert bulk.choose_route(dataset, total, room, True).path == "spill"
 

@@ -42,7 +42,7 @@ from chainrows.options import Options
 from chainrows.progress import Progress
 
 WORK_DIR = ".chainrows-work"
-MANIFEST_VERSION = 5
+MANIFEST_VERSION = 6
 MERGE_SHARE = 16  # of the room, what the merge's buffered run batches may take
 ENCODE_SHARE = 16  # of the room, what cut row groups waiting for an encoder may take
 ENCODERS = 2
@@ -52,12 +52,14 @@ REPORT_ROW_BYTES = 256  # a report row in Arrow, ids and detail included (order 
 
 @dataclass(frozen=True)
 class Route:
-    """The path a run takes, how many batches (windows or buckets), and why."""
+    """The path a run takes, how many batches (windows or buckets), and why; a stream's
+    ``resident`` tables are read whole first (chainrows.bulk.windows)."""
 
     path: str
     batches: int
     why: str
     plan: object = None
+    resident: tuple[str, ...] = ()
 
 
 def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: int = planner.DEFAULT_BUDGET,
@@ -83,7 +85,8 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     route = route or (resumable_route(work, dataset_dir, options) if resume else None) \
         or choose_route(dataset_dir, total, room, has_lp)
     if route.path == "stream" and route.plan is None:
-        route = Route("stream", route.batches, route.why, plan_windows(scan(dataset_dir, has_lp), route.batches))
+        route = Route("stream", route.batches, route.why,
+                      plan_windows(scan(dataset_dir, has_lp), route.batches, route.resident), route.resident)
     summary = Summary(input_bytes=total, path=route.path, why=route.why, batches=route.batches,
                       compile_seconds=footprint.compile_seconds)
     Progress.say(f"path: {summary.path_text()}", enabled=progress)
@@ -130,24 +133,39 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
 def choose_route(dataset_dir, total: int, room: int, has_lp: bool) -> Route:
     """In memory when its estimated peak fits; else streaming windows when a plan with at most
     MAX_STEPS steps fits (reading the id columns once to know) and the room is at least
-    STREAM_MIN_ROOM; else spill buckets."""
+    STREAM_MIN_ROOM: all tables streamed, else one table resident (the smallest that makes a
+    plan fit: e.g. the tokens table when its rows are shuffled); else spill buckets."""
     if planner.fits_in_memory(total, room):
         return Route("memory", 1, "fits in memory")
     if room < planner.STREAM_MIN_ROOM:
         return Route("spill", planner.spill_buckets(total, room),
                      "a tight budget: partitioned, whatever the read order")
     sc = scan(dataset_dir, has_lp)
-    steps = planner.first_steps(sc.total_bytes, room)
-    while steps <= planner.MAX_STEPS:
-        plan = plan_windows(sc, steps)
-        if planner.stream_peak(plan) <= planner.SHARE * room:
-            return Route("stream", steps, "groups complete in read order", plan)
-        if plan.decided.max(initial=0) * planner.MEMORY_FACTOR > planner.SHARE * room and steps >= 4 * \
-                planner.first_steps(sc.total_bytes, room):
-            break  # more steps no longer shrink the largest window: its groups complete late
-        steps *= 2
+    plan = _stream_plan(sc, room, ())
+    if plan is not None:
+        return Route("stream", plan.steps, "groups complete in read order", plan)
+    by_size = sorted(sc.tables, key=lambda n: sc.tables[n].nbytes.sum())
+    for name in by_size:
+        if sc.tables[name].nbytes.sum() <= planner.SHARE * room and (plan := _stream_plan(sc, room, (name,))):
+            return Route("stream", plan.steps, f"rows of {name} out of read order: that table held "
+                         "in memory, the others streamed", plan, (name,))
     return Route("spill", planner.spill_buckets(total, room),
                  "groups complete too late in read order to stream within the budget")
+
+
+def _stream_plan(sc, room: int, resident: tuple[str, ...]):
+    """The streaming plan with the fewest steps (doubling up to MAX_STEPS) whose estimated peak
+    fits the room, or None."""
+    first = planner.first_steps(sc.total_bytes, room)
+    steps = first
+    while steps <= planner.MAX_STEPS:
+        plan = plan_windows(sc, steps, resident)
+        if planner.stream_peak(plan) <= planner.SHARE * room:
+            return plan
+        if plan.decided.max(initial=0) * planner.MEMORY_FACTOR > planner.SHARE * room and steps >= 4 * first:
+            return None  # more steps no longer shrink the largest window: its groups complete late
+        steps *= 2
+    return None
 
 
 def manifest(dataset_dir, options: Options, route: Route) -> dict:
@@ -157,7 +175,7 @@ def manifest(dataset_dir, options: Options, route: Route) -> dict:
             st = f.stat()
             files[str(f.resolve())] = [st.st_size, st.st_mtime_ns]
     return {"version": MANIFEST_VERSION, "files": files, "options": options.to_json(),
-            "path": route.path, "batches": route.batches}
+            "path": route.path, "batches": route.batches, "resident": list(route.resident)}
 
 
 def resumable_route(work: Path, dataset_dir, options: Options) -> Route | None:
@@ -167,10 +185,13 @@ def resumable_route(work: Path, dataset_dir, options: Options) -> Route | None:
         recorded = json.loads((work / "manifest.json").read_text())
     except (OSError, ValueError):
         return None
-    probe = manifest(dataset_dir, options, Route(recorded.get("path", ""), recorded.get("batches", 0), ""))
+    resident = recorded.get("resident", [])
+    probe = manifest(dataset_dir, options, Route(recorded.get("path", ""), recorded.get("batches", 0), "",
+                                                 resident=tuple(resident) if isinstance(resident, list) else ()))
     if recorded != probe or probe["path"] not in ("stream", "spill"):
         return None
-    return Route(probe["path"], int(probe["batches"]), "resumed: the interrupted run's plan")
+    return Route(probe["path"], int(probe["batches"]), "resumed: the interrupted run's plan",
+                 resident=tuple(probe["resident"]))
 
 
 def prepare_work(work: Path, wanted: dict, resume: bool) -> None:

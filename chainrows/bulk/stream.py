@@ -78,16 +78,22 @@ class Windows:
         for name in TABLES:
             start, stop = int(self.plan.cuts[name][k]), int(self.plan.cuts[name][k + 1])
             pieces = self._held[name]
+            resident = name in self.plan.resident
             if stop > start:
-                new = concat(self._readers[name].read(stop - start), self.schemas[name])
-                pieces = pieces + [(new, self.plan.done[name][start:stop])]
+                done = self.plan.done[name][start:stop]
+                read = self._readers[name].read(stop - start)
+                if resident:  # one piece per record batch: each freed once fully decided
+                    at = np.cumsum([0] + [t.num_rows for t in read])
+                    pieces = pieces + [(t, done[a:b]) for t, a, b in zip(read, at[:-1], at[1:])]
+                else:
+                    pieces = pieces + [(concat(read, self.schemas[name]), done)]
             now, held = [], []
             for table, done in pieces:
                 here, later = np.flatnonzero(done == k), np.flatnonzero(done > k)
                 if len(here):
                     now.append(take(table, here))
-                if len(later):
-                    held.append((take(table, later), done[later]))
+                if len(later):  # a resident piece is kept whole: copying its rest every step
+                    held.append((table, done) if resident else (take(table, later), done[later]))
             self._held[name] = held
             window[name] = concat(now, self.schemas[name])
         return window

@@ -10,7 +10,9 @@ rows of groups not yet complete are held until then.
 
 Input in capture order completes groups soon after they start, so little is held; token rows
 shuffled over the file complete almost every group at the last step, and the plan's estimated
-peak says so before any token is read.
+peak says so before any token is read. A plan can instead hold some tables ``resident``: read
+whole at the first step and kept until their rows are all decided, so groups complete as soon
+as the other tables' rows are read (token rows shuffled, when the tokens table fits the budget).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class WindowPlan:
     """``steps`` reads. ``cuts[name][k]``: rows of table ``name`` read after step ``k - 1``
     (``cuts[name][0] == 0``). ``done[name]``: per row, the step that decides its group.
     ``held[k]`` / ``decided[k]`` / ``read[k]``: estimated bytes in memory at step ``k`` / of the
-    groups decided then / read then."""
+    groups decided then / read then. ``resident``: tables read whole at step 0 and counted as
+    held until the last step (their record batches are freed only once fully decided)."""
 
     steps: int
     cuts: dict[str, np.ndarray]
@@ -63,6 +66,7 @@ class WindowPlan:
     held: np.ndarray
     decided: np.ndarray
     read: np.ndarray
+    resident: tuple[str, ...] = ()
 
 
 def scan(dataset_dir, has_logprobs: bool) -> Scan:
@@ -119,12 +123,16 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
     )
 
 
-def plan_windows(sc: Scan, steps: int) -> WindowPlan:
-    """Read the three tables in ``steps`` equal fractions of their bytes; decide each group at
-    the first step by which all its rows are read."""
+def plan_windows(sc: Scan, steps: int, resident: tuple[str, ...] = ()) -> WindowPlan:
+    """Read the three tables in ``steps`` equal fractions of their bytes (``resident`` ones
+    whole at step 0); decide each group at the first step by which all its rows are read."""
     steps = max(1, int(steps))
+    resident = tuple(n for n in sc.tables if n in resident)
     read_at = {}
     for name, t in sc.tables.items():
+        if name in resident:
+            read_at[name] = np.zeros(len(t.nbytes), dtype=np.int64)
+            continue
         cum = np.cumsum(t.nbytes)
         total = cum[-1] if len(cum) else 0.0
         frac = cum / total if total > 0 else np.ones(len(cum))
@@ -141,11 +149,12 @@ def plan_windows(sc: Scan, steps: int) -> WindowPlan:
         done[name] = d
         cuts[name] = np.searchsorted(read_at[name], np.arange(steps), side="left").astype(np.int64)
         cuts[name] = np.append(cuts[name], len(d))
-        np.add.at(held_diff, read_at[name], t.nbytes)
-        np.add.at(held_diff, d + 1, -t.nbytes)
-        np.add.at(decided, d, t.nbytes)
-        np.add.at(read, read_at[name], t.nbytes)
-    return WindowPlan(steps, cuts, done, np.cumsum(held_diff)[:steps], decided, read)
+        held_diff += np.bincount(read_at[name], weights=t.nbytes, minlength=steps + 1)
+        freed = np.full(len(d), steps) if name in resident else d + 1
+        held_diff -= np.bincount(freed, weights=t.nbytes, minlength=steps + 1)
+        decided += np.bincount(d, weights=t.nbytes, minlength=steps)
+        read += np.bincount(read_at[name], weights=t.nbytes, minlength=steps)
+    return WindowPlan(steps, cuts, done, np.cumsum(held_diff)[:steps], decided, read, resident)
 
 
 def take(table: pa.Table, idx: np.ndarray) -> pa.Table:
