@@ -944,6 +944,29 @@ def test_parts_writer_cuts_parts_by_content_whatever_the_arrival(tmp_path, encod
     assert sizes == [single.metadata.row_group(i).num_rows for i in range(single.metadata.num_row_groups)]
 
 
+@pytest.mark.parametrize("encoders", [1, 2])
+def test_write_taken_writes_what_write_of_the_taken_rows_writes(tmp_path, encoders):
+    """Rows handed over as (source, order), mixed with plain writes, groups spanning calls and
+    sources of several chunks: the same part files, byte for byte, as writing the taken rows."""
+    from chainrows.io.take import take_rows
+
+    rows = _rows_table(60)
+    rng = np.random.default_rng(encoders)
+    sources = [pa.concat_tables([rows.slice(0, 25), rows.slice(25, 15)]), rows.slice(40, 20)]
+    orders = [rng.permutation(40), rng.permutation(20)]
+    kw = dict(unit_column="input_ids", max_units=7, groups_per_part=3, encoders=encoders)
+    with _parts_writer(tmp_path / "taken", rows.schema, max_pending_bytes=1, **kw) as w:
+        w.write_taken(sources[0], orders[0][:17])
+        w.write(take_rows(sources[0], orders[0][17:30]))
+        w.write_taken(sources[0], orders[0][30:])
+        w.write_taken(sources[1], orders[1])
+    expected = pa.concat_tables([take_rows(s, o) for s, o in zip(sources, orders)])
+    with _parts_writer(tmp_path / "whole", rows.schema, **kw) as w:
+        w.write(expected)
+    assert _parts(tmp_path / "taken") == _parts(tmp_path / "whole")
+    assert pq.read_table(tmp_path / "taken").equals(expected)
+
+
 def test_parts_writer_writes_one_empty_part_for_no_rows(tmp_path):
     rows = _rows_table(3)
     with _parts_writer(tmp_path / "p", rows.schema) as w:

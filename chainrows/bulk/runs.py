@@ -45,6 +45,10 @@ class RunWriter:
         if self._rows >= self.batch_rows:
             self._emit(final=False)
 
+    def write_taken(self, source: pa.Table, order) -> None:
+        """Append ``source``'s rows in the order ``order`` (the Parquet writers' interface)."""
+        self.write(take_rows(source, order))
+
     def _emit(self, final: bool) -> None:
         if not self._pending:
             return
@@ -181,7 +185,7 @@ def merge_sorted(files: list[Path], writer, release: bool = False) -> None:
         merged = pa.concat_tables(pieces)
         keys = [("rollout_id", "ascending")] + ([("segment", "ascending")] if "segment" in merged.column_names else [])
         order = pc.sort_indices(merged.select([k for k, _ in keys]), sort_keys=keys).to_numpy()
-        writer.write(take_rows(merged, order))
+        writer.write_taken(merged, order)
         del merged, pieces
         if release:
             release_memory()

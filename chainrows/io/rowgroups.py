@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from chainrows.io.take import take_rows
 from chainrows.io.write import WRITE_OPTIONS
 
 ROWS_GROUP_TOKENS = 1 << 20
@@ -56,26 +57,51 @@ class _GroupCutter:
         """Append rows (columns matched to the schema by name)."""
         self._check_open()
         table = table.select(self.schema.names)
-        units = _units(table, self.unit_column)
+        self._append(table, None, _units(table, self.unit_column))
+
+    def write_taken(self, source: pa.Table, order: np.ndarray) -> None:
+        """Append ``source``'s rows in the order ``order`` (``write(take_rows(source, order))``,
+        same groups and bytes): the rows are copied once, per row group as it is cut, instead of
+        once here and again to make a group that spans two calls one chunk per column."""
+        self._check_open()
+        source = source.select(self.schema.names)
+        order = np.asarray(order, dtype=np.int64)
+        self._append(source, order, _units(source, self.unit_column)[order])
+
+    def _append(self, table: pa.Table, order: np.ndarray | None, units: np.ndarray) -> None:
         start = 0
-        n = table.num_rows
+        n = len(units)
         while start < n:
             # rows this group can still take: stop after the row that reaches a limit
             room_rows = self.max_rows - self._rows
             cum = np.cumsum(units[start:start + room_rows]) + self._units
             hit = np.flatnonzero(cum >= self.max_units)
             take = int(hit[0]) + 1 if len(hit) else min(room_rows, n - start)
-            self._pending.append(table.slice(start, take))
+            self._pending.append(table.slice(start, take) if order is None else (table, order[start:start + take]))
             self._rows += take
             self._units = int(cum[take - 1])
             start += take
             if self._rows >= self.max_rows or self._units >= self.max_units:
                 self._flush()
 
+    def _pending_group(self) -> pa.Table:
+        """The pending rows as one table: appended slices as they are, taken rows gathered by
+        one ``take_rows`` over all the sources."""
+        if all(isinstance(p, pa.Table) for p in self._pending):
+            return pa.concat_tables(self._pending)
+        sources, idx, at = [], [], 0
+        for p in self._pending:
+            table, order = (p, np.arange(p.num_rows, dtype=np.int64)) if isinstance(p, pa.Table) else p
+            if not sources or table is not sources[-1][0]:
+                sources.append((table, at))
+                at += table.num_rows
+            idx.append(order + sources[-1][1])
+        return take_rows(pa.concat_tables([t for t, _ in sources]), np.concatenate(idx))
+
     def _flush(self) -> None:
         if not self._pending:
             return
-        group = pa.concat_tables(self._pending)
+        group = self._pending_group()
         if group.schema != self.schema:
             group = group.cast(self.schema)
         group = group.combine_chunks()  # one chunk per column: page layout independent of arrival
