@@ -114,8 +114,9 @@ def _fresh_copy_seconds(nbytes: int, repeats: int) -> float:
     return common.best_of(copy, repeats)[0]
 
 
-def api_vs_copy(src: Path, repeats: int) -> str:
-    """One line: the API on 1 and on all threads against one copy of the output list bytes."""
+def api_vs_copy(src: Path, repeats: int) -> dict:
+    """The API on 1 and on all threads against one copy of the output list bytes: seconds of
+    each (``one``, ``all``), of the two copies (``copy``, ``fresh``), and the sizes."""
     import numba
 
     import chainrows
@@ -123,7 +124,6 @@ def api_vs_copy(src: Path, repeats: int) -> str:
 
     ds = read_dataset(src)
     tables = (ds.ledger, ds.tokens, ds.rollouts)
-    chunks = ds.tokens["tokens"].num_chunks
     result = chainrows.reassemble(*tables)  # warm
     out_bytes = sum(result.rows[c].combine_chunks().values.nbytes
                     for c in ("input_ids", "loss_mask", "logprobs") if c in result.rows.column_names)
@@ -136,10 +136,37 @@ def api_vs_copy(src: Path, repeats: int) -> str:
         numba.set_num_threads(n)
         times[n] = common.best_of(lambda: chainrows.reassemble(*tables), repeats)[0]
     numba.set_num_threads(threads)
-    return (f"  API, {chunks} token chunks, {out_bytes / 1e9:.2f} GB of output lists: 1 thread "
-            f"{times[1]:.2f} s = {times[1] / copy:.1f}x one copy ({copy:.3f} s), {times[1] / fresh:.1f}x one copy "
-            f"into fresh memory ({fresh:.3f} s); {threads} threads "
-            f"{times[threads]:.2f} s, speed-up {times[1] / times[threads]:.2f}x")
+    return {"chunks": ds.tokens["tokens"].num_chunks, "out_bytes": out_bytes, "copy": copy,
+            "fresh": fresh, "threads": threads, "one": times[1], "all": times[threads]}
+
+
+def api_line(r: dict) -> str:
+    return (f"  API, {r['chunks']} token chunks, {r['out_bytes'] / 1e9:.2f} GB of output lists: 1 thread "
+            f"{r['one']:.2f} s = {r['one'] / r['copy']:.1f}x one copy ({r['copy']:.3f} s), "
+            f"{r['one'] / r['fresh']:.1f}x one copy into fresh memory ({r['fresh']:.3f} s); {r['threads']} threads "
+            f"{r['all']:.2f} s, speed-up {r['one'] / r['all']:.2f}x")
+
+
+def cli_vs_floor(shape: str, gb: float, repeats: int, work: Path) -> dict:
+    """The CLI and the pyarrow floor on one shape, interleaved, best of ``repeats`` each:
+    ``cli`` (process seconds, path, peak), ``floor`` (timed read + write, process wall, peak)."""
+    src = dataset(shape, gb)
+    cli = [_cli(src, work / "cli")]  # also the output the floor writes
+    floor = []
+    for _ in range(repeats):
+        floor.append(_floor(src, work / "cli", work / "floor"))
+        if len(cli) < repeats:
+            cli.append(_cli(src, work / "cli"))
+    return {"shape": shape, "src": src, "disk": sum(p.stat().st_size for p in src.rglob("*.parquet")),
+            "cli": min(cli, key=lambda r: r["seconds"]), "floor": min(floor, key=lambda r: r["seconds"])}
+
+
+def cli_line(r: dict) -> str:
+    c, f = r["cli"], r["floor"]
+    return (f"{r['shape']:<9} {r['disk'] / 1e9:5.2f} GB on disk | chainrows reassemble {c['seconds']:6.1f} s "
+            f"(process, {c['path']}; peak {c['peak']}) | floor {f['seconds']:6.1f} s (read + write; "
+            f"process {f['wall']:.1f} s, peak {f['peak'] / 2**30:.2f} GiB) | ratio {c['seconds'] / f['seconds']:.2f}x "
+            f"(process walls {c['seconds'] / f['wall']:.2f}x)")
 
 
 def main(argv=None) -> int:
@@ -154,22 +181,10 @@ def main(argv=None) -> int:
     print(f"chainrows CLI vs pyarrow floor, {a.gb:g} GB of token+logprob bytes, best of {a.repeats}, "
           f"{os.cpu_count()} CPUs (a shared machine: read the ratios)")
     for shape in [s.strip() for s in a.shapes.split(",") if s.strip()]:
-        src = dataset(shape, a.gb)
-        disk = sum(p.stat().st_size for p in src.rglob("*.parquet"))
-        cli = [_cli(src, work / "cli")]  # also the output the floor writes
-        floor = []
-        for _ in range(a.repeats):
-            floor.append(_floor(src, work / "cli", work / "floor"))
-            if len(cli) < a.repeats:
-                cli.append(_cli(src, work / "cli"))
-        c = min(cli, key=lambda r: r["seconds"])
-        f = min(floor, key=lambda r: r["seconds"])
-        print(f"{shape:<9} {disk / 1e9:5.2f} GB on disk | chainrows reassemble {c['seconds']:6.1f} s "
-              f"(process, {c['path']}; peak {c['peak']}) | floor {f['seconds']:6.1f} s (read + write; "
-              f"process {f['wall']:.1f} s, peak {f['peak'] / 2**30:.2f} GiB) | ratio {c['seconds'] / f['seconds']:.2f}x "
-              f"(process walls {c['seconds'] / f['wall']:.2f}x)", flush=True)
+        r = cli_vs_floor(shape, a.gb, a.repeats, work)
+        print(cli_line(r), flush=True)
         if a.api:
-            print(api_vs_copy(src, a.repeats), flush=True)
+            print(api_line(api_vs_copy(r["src"], a.repeats)), flush=True)
     return 0
 
 

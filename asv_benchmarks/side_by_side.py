@@ -1,6 +1,6 @@
 """chainrows next to its baselines, in one run on the same synthetic data; prints ratios.
 
-    python -m asv_benchmarks.side_by_side [--rollouts N] [--big-gb X] [--quick]
+    python -m asv_benchmarks.side_by_side [--rollouts N] [--big-gb X] [--shapes-gb X] [--quick]
 
 Sections (all times are best of ``--repeats`` unless said otherwise; the machine may be shared,
 so read the ratios, not the absolute numbers):
@@ -28,6 +28,15 @@ so read the ratios, not the absolute numbers):
 4. memory and start-up: peak RSS of a fresh child running section 3 once (VmHWM: ru_maxrss is
    inherited across fork + exec on Linux) and of this whole process (ru_maxrss); cold compile (fresh interpreter, empty NUMBA_CACHE_DIR, import +
    8-rollout reassemble), the same with that cache filled, and ``python -m chainrows.cli --help``.
+
+5. user-shaped data (``asv_benchmarks.shapes``, ``asv_benchmarks.bulk_shapes``): on
+   ``--shapes-gb`` GB of token + logprob values per shape (default 2.1; capture order, token
+   rows shuffled, many short calls), ``chainrows reassemble DATA OUT`` at default settings in a
+   fresh process against a fresh pyarrow process that reads the three tables and writes the same
+   rows and report (same codec, no dictionary), best of ``--repeats`` interleaved; and the API on
+   the same tables (multi-chunk columns, build_batch included) on 1 and on all threads against one
+   copy of all output list bytes (touched buffers, and into fresh memory). The datasets are
+   written once under the benchmark cache (minutes per shape at 2.1 GB).
 
 ``--quick`` shrinks everything (seconds, for a CI smoke test) and skips the cold compile (~40 s
 of Numba compilation whatever the size) unless ``--cold-compile`` is given.
@@ -459,6 +468,29 @@ def parquet_to_parquet(rep: Report, n: int, repeats: int, tmp: Path) -> None:
 
 # ---- 4. start-up ------------------------------------------------------------------------------
 
+SHAPE_TARGETS = {"capture": 1.1, "shuffled": 1.6}  # issue 11: CLI over the pyarrow floor
+
+
+def user_shapes(rep: Report, shapes: list[str], gb: float, repeats: int, tmp: Path) -> None:
+    from asv_benchmarks import bulk_shapes
+
+    rep.section(f"5. user-shaped data, {gb:g} GB of token + logprob values per shape: CLI vs pyarrow, API vs a copy")
+    for shape in shapes:
+        r = bulk_shapes.cli_vs_floor(shape, gb, repeats, tmp / "shapes")
+        rep.line(bulk_shapes.cli_line(r))
+        c, f = r["cli"], r["floor"]
+        target = SHAPE_TARGETS.get(shape)
+        rep.ratio(f"CLI {shape}, {gb:g} GB ({c['path']})", f"{c['seconds']:.1f} s / {f['seconds']:.1f} s",
+                  f"{c['seconds'] / f['seconds']:.2f}x",
+                  f"over pyarrow read + write{f'; target <= {target}x' if target else ''}; peak {c['peak']}")
+        a = bulk_shapes.api_vs_copy(r["src"], repeats)
+        rep.line(bulk_shapes.api_line(a).strip())
+        rep.ratio(f"API {shape}, 1 thread", f"{a['one']:.2f} s", f"{a['one'] / a['copy']:.1f}x / {a['one'] / a['fresh']:.1f}x",
+                  "over one copy of the output list bytes (touched / fresh memory); target <= 4x")
+        rep.ratio(f"API {shape}, {a['threads']} threads", f"{a['all']:.2f} s", f"{a['one'] / a['all']:.2f}x",
+                  "speed-up over 1 thread; target >= 1.6x")
+
+
 def startup(rep: Report, cold: bool, repeats: int) -> None:
     rep.section("4. compile and start-up (fresh interpreters, import chainrows + 8-rollout reassemble)")
     cache = None
@@ -501,7 +533,11 @@ def main(argv=None) -> int:
                    help="touch this much memory once before section 2 (default 5 x --big-gb; 0 with --quick)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a CI smoke run")
     p.add_argument("--cold-compile", action="store_true", help="measure the cold compile even with --quick")
-    p.add_argument("--skip", default="", help="comma list of sections to skip: ref,big,parquet,startup")
+    p.add_argument("--shapes-gb", type=float, default=None,
+                   help="token+logprob GB per user shape in section 5 (default 2.1; 0.004 with --quick)")
+    p.add_argument("--shapes", default=None, help="comma list of user shapes for section 5 (default: "
+                   "capture,shuffled,short; capture with --quick)")
+    p.add_argument("--skip", default="", help="comma list of sections to skip: ref,big,parquet,shapes,startup")
     a = p.parse_args(argv)
     n = a.rollouts or (64 if a.quick else 4096)
     n_ref = min(a.ref_rollouts or n, n)
@@ -529,6 +565,12 @@ def main(argv=None) -> int:
             big_batch(rep, n, big, repeats, a.prefault_gb if a.prefault_gb is not None else (0 if a.quick else 5 * big))
         if "parquet" not in skip:
             parquet_to_parquet(rep, n, repeats, tmp)
+        if "shapes" not in skip:
+            from asv_benchmarks.shapes import SHAPES
+
+            shapes = a.shapes or ("capture" if a.quick else ",".join(SHAPES))
+            user_shapes(rep, [x.strip() for x in shapes.split(",") if x.strip()],
+                        a.shapes_gb or (0.004 if a.quick else 2.1), repeats, tmp)
         if "startup" not in skip:
             startup(rep, cold=(not a.quick) or a.cold_compile, repeats=repeats)
         rep.ratio("peak RSS of this process", f"{_rss_gb():.2f} GB", "",

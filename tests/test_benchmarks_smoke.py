@@ -108,7 +108,8 @@ def test_side_by_side_quick_prints_ratio_table(capsys):
     table = out[out.index("== ratio table =="):]
     assert "| measurement" in table and "| ratio" in table
     for row in ("engine vs reference", "decide+gather (1 thread) vs memcpy floor",
-                "parquet->parquet chainrows vs pyarrow floor", "cached start", "peak RSS"):
+                "parquet->parquet chainrows vs pyarrow floor", "CLI capture, 0.004 GB", "API capture, 1 thread",
+                "cached start", "peak RSS"):
         assert row in table, row
 
 
