@@ -951,6 +951,12 @@ def test_write_taken_writes_what_write_of_the_taken_rows_writes(tmp_path, encode
     from chainrows.io.take import take_rows
 
     rows = _rows_table(60)
+    lens = [i % 5 + 1 for i in range(60)]  # rows of different lengths and values: 2-6 units each
+    for name, values in (("input_ids", lambda i, k: [i * 10 + j for j in range(k)]),
+                         ("loss_mask", lambda i, k: [(i + j) % 2 for j in range(k)]),
+                         ("logprobs", lambda i, k: [-0.5 * (i + j) for j in range(k)])):
+        col = pa.array([values(i, k) for i, k in enumerate(lens)], rows.schema.field(name).type)
+        rows = rows.set_column(rows.schema.get_field_index(name), name, col)
     rng = np.random.default_rng(encoders)
     sources = [pa.concat_tables([rows.slice(0, 25), rows.slice(25, 15)]), rows.slice(40, 20)]
     orders = [rng.permutation(40), rng.permutation(20)]
@@ -965,6 +971,28 @@ def test_write_taken_writes_what_write_of_the_taken_rows_writes(tmp_path, encode
         w.write(expected)
     assert _parts(tmp_path / "taken") == _parts(tmp_path / "whole")
     assert pq.read_table(tmp_path / "taken").equals(expected)
+
+
+@pytest.mark.parametrize("sync_parts", [False, True])
+def test_parts_writer_fsyncs_each_finished_part_on_its_encoder(tmp_path, monkeypatch, sync_parts):
+    import threading
+
+    from chainrows.io import rowgroups
+
+    synced = []
+    monkeypatch.setattr(rowgroups, "_fsync", lambda path: synced.append(
+        (Path(path).name, Path(path).stat().st_size, threading.current_thread().name)))
+    rows = _rows_table(50)
+    with _parts_writer(tmp_path / "parts", rows.schema, unit_column="input_ids", max_units=7,
+                       groups_per_part=3, sync_parts=sync_parts) as w:
+        w.write(rows)
+    written = [(p.name, p.stat().st_size) for p in sorted((tmp_path / "parts").iterdir())]
+    assert len(written) > 1
+    if sync_parts:  # every part, once whole (its final size), on an encoder thread
+        assert sorted((name, size) for name, size, _ in synced) == written
+        assert all(thread.startswith("chainrows-encode") for _, _, thread in synced)
+    else:
+        assert synced == []
 
 
 def test_parts_writer_writes_one_empty_part_for_no_rows(tmp_path):

@@ -97,7 +97,7 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     with AtomicOutput(out, remove_after_commit=[work]) as staged, \
             PartsWriter(lambda: staged.reserve_part("rows"), schemas["rows"], unit_column="input_ids",
                         encoders=1 if tight else ENCODERS,
-                        max_pending_bytes=max(1, room // ENCODE_SHARE)) as rows_w, \
+                        max_pending_bytes=max(1, room // ENCODE_SHARE), sync_parts=staged.durable) as rows_w, \
             RowGroupWriter(staged.reserve_file("report"), schemas["report"]) as report_w:
         if route.path == "memory":
             bar = Progress("reassemble", 1, enabled=progress, unit="steps")
@@ -188,7 +188,7 @@ def resumable_route(work: Path, dataset_dir, options: Options) -> Route | None:
     resident = recorded.get("resident", [])
     probe = manifest(dataset_dir, options, Route(recorded.get("path", ""), recorded.get("batches", 0), "",
                                                  resident=tuple(resident) if isinstance(resident, list) else ()))
-    if recorded != probe or probe["path"] not in ("stream", "spill"):
+    if recorded != probe or probe["path"] not in ("stream", "spill") or not set(probe["resident"]) <= set(TABLES):
         return None
     return Route(probe["path"], int(probe["batches"]), "resumed: the interrupted run's plan",
                  resident=tuple(probe["resident"]))

@@ -31,6 +31,14 @@ GROUPS_PER_PART = 16
 ENCODERS = 2
 
 
+def _fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _units(table: pa.Table, unit_column: str | None) -> np.ndarray:
     if unit_column is None or table.num_rows == 0:
         return np.ones(table.num_rows, dtype=np.int64)
@@ -61,8 +69,10 @@ class _GroupCutter:
 
     def write_taken(self, source: pa.Table, order: np.ndarray) -> None:
         """Append ``source``'s rows in the order ``order`` (``write(take_rows(source, order))``,
-        same groups and bytes): the rows are copied once, per row group as it is cut, instead of
-        once here and again to make a group that spans two calls one chunk per column."""
+        same groups and bytes). The token-sized list columns are copied once, per row group as it
+        is cut, instead of once here and again to make a group that spans two calls one chunk per
+        column; the other columns are taken by pyarrow (which may concatenate a source's chunks
+        of them for each group). ``source`` stays referenced until its last group is cut."""
         self._check_open()
         source = source.select(self.schema.names)
         order = np.asarray(order, dtype=np.int64)
@@ -165,7 +175,9 @@ class PartsWriter(_GroupCutter):
 
     Up to ``encoders`` parts are encoded at once, each on its own thread; ``write`` blocks while
     more than ``max_pending_bytes`` of cut groups wait for an encoder (it always lets one
-    through). An encoder's error is raised by the next ``write`` or ``close``. A context
+    through). An encoder's error is raised by the next ``write`` or ``close``. ``sync_parts``:
+    each finished part is fsynced on its encoder thread, while later parts are still being
+    written, so a durable commit afterwards finds little left to flush. A context
     manager; ``close`` is idempotent; leaving the block on an exception stops the encoders and
     leaves the part files incomplete (the caller discards them, as AtomicOutput does).
     """
@@ -173,8 +185,9 @@ class PartsWriter(_GroupCutter):
     def __init__(self, next_path: Callable[[], os.PathLike], schema: pa.Schema, *,
                  unit_column: str | None = None, max_units: int = ROWS_GROUP_TOKENS,
                  max_rows: int = GROUP_ROWS, groups_per_part: int = GROUPS_PER_PART,
-                 encoders: int = ENCODERS, max_pending_bytes: int = 256 << 20):
+                 encoders: int = ENCODERS, max_pending_bytes: int = 256 << 20, sync_parts: bool = False):
         super().__init__(schema, unit_column, max_units, max_rows)
+        self.sync_parts = sync_parts
         if groups_per_part < 1 or encoders < 1:
             raise ValueError("groups_per_part and encoders must be at least 1")
         self.next_path = next_path
@@ -228,6 +241,8 @@ class PartsWriter(_GroupCutter):
                     with self._room:
                         self._pending_bytes -= size
                         self._room.notify_all()
+        if self.sync_parts and not self._stop:
+            _fsync(path)
 
     def close(self) -> None:
         """Write what is pending, finish every part (at least one, possibly empty) and wait for
