@@ -1,6 +1,7 @@
 """The dataset runner: Parquet in, Parquet out, on each of its three paths (in memory,
 streaming windows, spill buckets), resumable, under a memory budget."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -252,13 +253,16 @@ def test_resume_ignores_work_of_other_options(dataset, tmp_path):
     assert again.calls == 3  # different options: nothing reused
 
 
-def test_resume_keeps_the_planned_route(dataset, tmp_path, monkeypatch):
-    """The planned batch count depends on the measured baseline; a resumed job keeps its own."""
+@pytest.mark.parametrize("first,other", [(spill(4), spill(5)), (stream(4, ("tokens",)), stream(4))],
+                         ids=["spill", "stream-tokens-resident"])
+def test_resume_keeps_the_planned_route(dataset, tmp_path, monkeypatch, first, other):
+    """The planned route depends on the measured baseline; a resumed job keeps its own (batch
+    count and resident tables, read back from the manifest), so the finished batches count."""
     out = tmp_path / "out"
-    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(4))
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: first)
     with pytest.raises(RuntimeError):
         bulk.run(dataset, out, reassemble=Counted(crash_at=3))
-    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(5))  # another baseline
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: other)  # another baseline
     again = Counted()
     summary = bulk.run(dataset, out, resume=True, reassemble=again)
     assert summary.batches == 4 and again.calls == 2
@@ -328,6 +332,10 @@ def test_a_resident_table_is_read_first_and_held_to_the_end(shuffled):
         assert np.array_equal(resident.cuts[name], streamed.cuts[name])
     assert resident.decided[-1] < 0.5 * resident.decided.sum()  # groups decided along the way
     assert abs(resident.decided.sum() - sc.total_bytes) < 1e-6 * sc.total_bytes
+    # a window's rows copied out of the resident table come on top of the table held
+    assert abs(resident.copied.sum() - tokens) < 1e-6 * tokens and not streamed.copied.any()
+    uncopied = dataclasses.replace(resident, copied=None)
+    assert planner.stream_peak(resident) > planner.stream_peak(uncopied)
 
 
 def test_route_choice_follows_the_input_order(dataset, shuffled, monkeypatch):

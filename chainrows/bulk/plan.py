@@ -32,7 +32,7 @@ SHARE = 0.75             # of the room above the baseline, what the planned peak
 SPILL_PEAK_FACTOR = 6.0  # spill bucket: peak over its input, allocator retention included
 BUCKET_SHARE = 0.6
 MAX_STEPS = 64
-STEP_BYTES = 96 << 20  # the most input a streaming step reads (docs/limits.md "Memory budget")
+STEP_BYTES = 96 << 20  # estimated input a streaming step aims at (docs/limits.md "Memory budget")
 RUN_DISK_FACTOR = 4  # buckets (~ the input) and runs (~ the output) uncompressed, with margin
 STREAM_MIN_ROOM = 1 << 30  # below this room, spill: its factors are measured down to 384 MiB budgets
 
@@ -125,18 +125,21 @@ def fits_in_memory(total_bytes: int, room: int) -> bool:
 def stream_peak(plan) -> float:
     """Estimated peak above the baseline of a streaming plan, at its worst step: the rows held,
     the decided window's working memory, the previous window's output still being written,
-    and the next step's rows read meanwhile."""
+    and the next step's rows read meanwhile; for resident tables, the rows of this window and
+    of the next (built meanwhile) copied out of them, on top of the tables held."""
     if plan.steps == 0:
         return 0.0
     previous = np.concatenate(([0.0], plan.decided[:-1]))
     ahead = np.concatenate((plan.read[1:], [0.0]))
-    return float((plan.held + (MEMORY_FACTOR - 1) * plan.decided + previous + ahead).max())
+    copied = plan.copied if plan.copied is not None else np.zeros(plan.steps)
+    copies = copied + np.concatenate((copied[1:], [0.0]))
+    return float((plan.held + (MEMORY_FACTOR - 1) * plan.decided + previous + ahead + copies).max())
 
 
 def first_steps(total_bytes: float, room: int) -> int:
-    """Steps so that one step's share of the input, decided, fits the room, and is at most
+    """Steps so that one step's share of the input, decided, fits the room, and is about
     STEP_BYTES (the first step's read and the last step's decide and write overlap nothing:
-    smaller steps leave less of the run unoverlapped)."""
+    smaller steps leave less of the run unoverlapped); at most MAX_STEPS."""
     fits = math.ceil(total_bytes * MEMORY_FACTOR / (SHARE * room))
     return min(MAX_STEPS, max(2, fits, math.ceil(total_bytes / STEP_BYTES)))
 

@@ -158,7 +158,9 @@ def merge_tree(files: list[Path], writer, batch_rows: int, fan_in: int, scratch:
 def merge_sorted(files: list[Path], writer, release: bool = False) -> None:
     """k-way merge of runs sorted by rollout_id (ids disjoint across runs), a step at a time:
     each step emits, sorted, the rows of every open run up to the smallest last id buffered.
-    ``release``: hand freed memory back to the OS after each step (tight budgets)."""
+    The writer gathers them with its row groups (``write_taken``), except with ``release``
+    (tight budgets): then each step's rows are copied out at once, so that the step's run
+    batches are not held by a pending row group, and freed memory is handed back to the OS."""
     iters = [run_batches(f) for f in files]
     bufs: list[pa.Table | None] = [None] * len(iters)
 
@@ -185,7 +187,10 @@ def merge_sorted(files: list[Path], writer, release: bool = False) -> None:
         merged = pa.concat_tables(pieces)
         keys = [("rollout_id", "ascending")] + ([("segment", "ascending")] if "segment" in merged.column_names else [])
         order = pc.sort_indices(merged.select([k for k, _ in keys]), sort_keys=keys).to_numpy()
-        writer.write_taken(merged, order)
+        if release:  # a tight budget: this step's run batches are freed now, not with the group
+            writer.write(take_rows(merged, order))
+        else:
+            writer.write_taken(merged, order)
         del merged, pieces
         if release:
             release_memory()

@@ -58,7 +58,9 @@ class WindowPlan:
     (``cuts[name][0] == 0``). ``done[name]``: per row, the step that decides its group.
     ``held[k]`` / ``decided[k]`` / ``read[k]``: estimated bytes in memory at step ``k`` / of the
     groups decided then / read then. ``resident``: tables read whole at step 0 and counted as
-    held until the last step (their record batches are freed only once fully decided)."""
+    held until the last step (their record batches are freed only once fully decided);
+    ``copied[k]``: bytes of their rows decided at step ``k``, copied into that window on top of
+    what is held."""
 
     steps: int
     cuts: dict[str, np.ndarray]
@@ -67,6 +69,7 @@ class WindowPlan:
     decided: np.ndarray
     read: np.ndarray
     resident: tuple[str, ...] = ()
+    copied: np.ndarray | None = None
 
 
 def scan(dataset_dir, has_logprobs: bool) -> Scan:
@@ -143,6 +146,7 @@ def plan_windows(sc: Scan, steps: int, resident: tuple[str, ...] = ()) -> Window
     held_diff = np.zeros(steps + 1)
     decided = np.zeros(steps)
     read = np.zeros(steps)
+    copied = np.zeros(steps)
     done, cuts = {}, {}
     for name, t in sc.tables.items():
         d = done_of_group[t.group]
@@ -154,7 +158,9 @@ def plan_windows(sc: Scan, steps: int, resident: tuple[str, ...] = ()) -> Window
         held_diff -= np.bincount(freed, weights=t.nbytes, minlength=steps + 1)
         decided += np.bincount(d, weights=t.nbytes, minlength=steps)
         read += np.bincount(read_at[name], weights=t.nbytes, minlength=steps)
-    return WindowPlan(steps, cuts, done, np.cumsum(held_diff)[:steps], decided, read, resident)
+        if name in resident:
+            copied += np.bincount(d, weights=t.nbytes, minlength=steps)
+    return WindowPlan(steps, cuts, done, np.cumsum(held_diff)[:steps], decided, read, resident, copied)
 
 
 def take(table: pa.Table, idx: np.ndarray) -> pa.Table:
