@@ -980,7 +980,7 @@ def test_parts_writer_fsyncs_each_finished_part_on_its_encoder(tmp_path, monkeyp
     from chainrows.io import rowgroups
 
     synced = []
-    monkeypatch.setattr(rowgroups, "_fsync", lambda path: synced.append(
+    monkeypatch.setattr(rowgroups, "fsync_file", lambda path: synced.append(
         (Path(path).name, Path(path).stat().st_size, threading.current_thread().name)))
     rows = _rows_table(50)
     with _parts_writer(tmp_path / "parts", rows.schema, unit_column="input_ids", max_units=7,

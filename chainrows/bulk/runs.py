@@ -189,8 +189,7 @@ def merge_sorted(files: list[Path], writer, release: bool = False) -> None:
         order = pc.sort_indices(merged.select([k for k, _ in keys]), sort_keys=keys).to_numpy()
         if release:  # a tight budget: this step's run batches are freed now, not with the group
             writer.write(take_rows(merged, order))
+            del merged, pieces
+            release_memory()
         else:
             writer.write_taken(merged, order)
-        del merged, pieces
-        if release:
-            release_memory()

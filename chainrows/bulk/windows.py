@@ -153,13 +153,14 @@ def plan_windows(sc: Scan, steps: int, resident: tuple[str, ...] = ()) -> Window
         done[name] = d
         cuts[name] = np.searchsorted(read_at[name], np.arange(steps), side="left").astype(np.int64)
         cuts[name] = np.append(cuts[name], len(d))
-        held_diff += np.bincount(read_at[name], weights=t.nbytes, minlength=steps + 1)
+        arrived = np.bincount(read_at[name], weights=t.nbytes, minlength=steps + 1)
+        decided_here = np.bincount(d, weights=t.nbytes, minlength=steps)
         freed = np.full(len(d), steps) if name in resident else d + 1
-        held_diff -= np.bincount(freed, weights=t.nbytes, minlength=steps + 1)
-        decided += np.bincount(d, weights=t.nbytes, minlength=steps)
-        read += np.bincount(read_at[name], weights=t.nbytes, minlength=steps)
+        held_diff += arrived - np.bincount(freed, weights=t.nbytes, minlength=steps + 1)
+        read += arrived[:steps]
+        decided += decided_here
         if name in resident:
-            copied += np.bincount(d, weights=t.nbytes, minlength=steps)
+            copied += decided_here
     return WindowPlan(steps, cuts, done, np.cumsum(held_diff)[:steps], decided, read, resident, copied)
 
 

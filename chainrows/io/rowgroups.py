@@ -23,20 +23,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from chainrows.io.take import take_rows
-from chainrows.io.write import WRITE_OPTIONS
+from chainrows.io.write import WRITE_OPTIONS, fsync_file
 
 ROWS_GROUP_TOKENS = 1 << 20
 GROUP_ROWS = 65536
 GROUPS_PER_PART = 16
 ENCODERS = 2
-
-
-def _fsync(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _units(table: pa.Table, unit_column: str | None) -> np.ndarray:
@@ -242,7 +234,7 @@ class PartsWriter(_GroupCutter):
                         self._pending_bytes -= size
                         self._room.notify_all()
         if self.sync_parts and not self._stop:
-            _fsync(path)
+            fsync_file(path)
 
     def close(self) -> None:
         """Write what is pending, finish every part (at least one, possibly empty) and wait for

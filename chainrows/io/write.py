@@ -463,17 +463,22 @@ def _mtime(path: Path) -> float:
         return time.time()
 
 
+def fsync_file(path) -> None:
+    """Flush one written file to disk (errors raised: a file that cannot be synced is not durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_tree(path: Path) -> None:
     if path.is_dir():
         for child in path.iterdir():
             _fsync_tree(child)
         _fsync_dir(path)
     else:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(path)
 
 
 def _fsync_dir(path: Path) -> None:
