@@ -39,7 +39,7 @@ class Batch:
     group: np.ndarray  # int64[R] dense group index (a null group_id is a group of its own)
     out_off: np.ndarray  # int64[R+1] into out_keys / out_ids / out_served
     out_keys: np.ndarray  # uint64[O]
-    out_ids: np.ndarray  # int64[O] item-id code, -1 null
+    out_ids: np.ndarray  # int64[O] id code, -1 null: equal to an item_ids code of the rollout iff the ids are equal (chainrows.engine.idmatch)
     out_served: np.ndarray  # bool[O] id non-null and served as an item id by some call of the rollout
     out_ids_bad_len: np.ndarray  # bool[R] output_ids length differs from output_keys
     terminal: np.ndarray  # int64[R] call index, ROOT when not given, MISSING when it names no call
@@ -65,7 +65,7 @@ class Batch:
     identified: np.ndarray  # bool[C] served an id that appears in output_ids, or is the terminal
     key_off: np.ndarray  # int64[C+1] into item_keys / item_ids
     item_keys: np.ndarray  # uint64[K]
-    item_ids: np.ndarray  # int64[K] item-id code, -1 null
+    item_ids: np.ndarray  # int64[K] id code, -1 null (see out_ids)
     tok_start: np.ndarray  # int64[C] into tokens, NO_TOKENS when the call has no token row
     tok_stop: np.ndarray  # int64[C]
     tokens: np.ndarray  # int32[T] one flat buffer

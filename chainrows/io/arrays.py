@@ -22,6 +22,27 @@ def list_offsets(arr: pa.Array) -> np.ndarray:
     return arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def string_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(int64 offsets of length ``len(arr) + 1``, uint8 bytes, bool validity or None when no
+    nulls) of a string or large_string Array, zero copy but for int32 offsets widened. Offsets
+    outside the bytes are refused (ValueError) before any kernel reads them. Other string-like
+    types are cast to large_string first."""
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = arr.cast(pa.large_string())
+    _, off_buf, data_buf = arr.buffers()
+    wide = pa.types.is_large_string(arr.type)
+    if off_buf is None:  # an empty array may come without buffers
+        return np.zeros(len(arr) + 1, dtype=np.int64), np.zeros(0, dtype=np.uint8), None
+    offsets = np.frombuffer(off_buf, dtype=np.int64 if wide else np.int32)[arr.offset:arr.offset + len(arr) + 1]
+    offsets = offsets.astype(np.int64, copy=False)
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    if len(offsets) != len(arr) + 1 or (len(arr) and (offsets[0] < 0 or offsets[-1] > len(data)
+                                                      or np.any(offsets[1:] < offsets[:-1]))):
+        raise ValueError("string offsets outside the data buffer")
+    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if arr.null_count else None
+    return offsets, data, valid
+
+
 def offsets_from_lengths(lengths) -> np.ndarray:
     """``[0, l0, l0 + l1, ...]`` as int64."""
     off = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -53,13 +74,6 @@ def probe_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray,
         return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
     pos_c = np.minimum(pos, n - 1)
     return pos_c, (pos < n) & (sorted_keys[pos_c] == keys)
-
-
-def member(keys: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    """``keys[i] in pool``, by sort and binary search (np.isin is slower: docs/decisions-io.md)."""
-    if len(pool) == 0 or len(keys) == 0:
-        return np.zeros(len(keys), dtype=bool)
-    return probe_sorted(np.sort(pool), keys)[1]
 
 
 class KeyIndex:

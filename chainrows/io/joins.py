@@ -4,9 +4,10 @@ Each join takes what earlier joins produced and returns a small frozen record of
 rollouts (ids -> dense indices, ledger in rollout order), calls (call and parent ids), tokens
 (token rows -> calls, buffer ranges), records (the first rollouts row of each id), responses
 (terminal and accepted ids -> calls), items (item keys and ids, output keys and ids) and rewards
-(reward and group per rollout). String ids become dense integer codes with one
-``pc.dictionary_encode`` per id family; joins on (rollout, id) pairs are composite int64 keys,
-sorted once and probed (chainrows.io.arrays).
+(reward and group per rollout). Rollout, call and response ids become dense integer codes with
+one ``pc.dictionary_encode`` per id family; joins on (rollout, id) pairs are composite int64
+keys, sorted once and probed (chainrows.io.arrays). Item and output ids, the most numerous, are
+never encoded: a kernel matches them per rollout on their bytes (chainrows.engine.idmatch).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.engine.batch import MISSING, NO_TOKENS, ROOT
+from chainrows.engine.batch import MISSING, NO_TOKENS, ROOT, readonly
+from chainrows.engine.idmatch import match_ids, table_offsets
 from chainrows.io.arrays import (
-    KeyIndex, list_offsets, member, offsets_from_lengths, offsets_from_owner, one_chunk, range_index,
+    KeyIndex, list_offsets, offsets_from_lengths, offsets_from_owner, one_chunk, range_index, string_parts,
 )
 from chainrows.io.errors import InputError
 from chainrows.io.take import take_rows
@@ -207,21 +209,24 @@ def join_items(ro: RolloutJoin, rec: Records) -> ItemJoin:
 
     item_parts = _list_parts(ro.ledger["item_ids"], null_is_empty=False)
     out_parts = _list_parts(rec.table["output_ids"], null_is_empty=False)
-    n_iid, (item_codes, out_codes) = _encode([item_parts[2], out_parts[2]])
-    item_ids, item_ids_bad_len = _aligned_ids(item_parts, item_codes, key_off, np.arange(C))
-    out_ids, out_bad = _aligned_ids(out_parts, out_codes, out_off, rec.rollout)
+    item_pos, item_ids_bad_len = _aligned_positions(item_parts, key_off, np.arange(C))
+    out_pos, out_bad = _aligned_positions(out_parts, out_off, rec.rollout)
     out_ids_bad_len = np.zeros(R, dtype=bool)
     out_ids_bad_len[rec.rollout] = out_bad
+    item_soff, item_data = _id_strings(item_parts[2], item_pos, "ledger", "item_ids")
+    out_soff, out_data = _id_strings(out_parts[2], out_pos, "rollouts", "output_ids")
 
-    call_of_item = np.repeat(np.arange(C, dtype=np.int64), key_len)
-    rollout_of_out = np.repeat(np.arange(R, dtype=np.int64), out_len)
-    Q = max(n_iid, 1)
-    item_pair = _pair_keys(ro.of_call[call_of_item], item_ids, Q)
-    out_pair = _pair_keys(rollout_of_out, out_ids, Q)
-    out_served = (out_ids >= 0) & member(out_pair, item_pair[item_ids >= 0])
-    serving = (item_ids >= 0) & member(item_pair, out_pair[out_ids >= 0])
+    tab_off = table_offsets(out_off)
+    slot_out = np.full(int(tab_off[-1]), -1, dtype=np.int64)
+    slot_hash = np.empty(int(tab_off[-1]), dtype=np.uint64)
+    item_ids = np.empty(len(item_pos), dtype=np.int64)
+    out_ids = np.empty(len(out_pos), dtype=np.int64)
+    out_served = np.zeros(len(out_pos), dtype=bool)
     identified = np.zeros(C, dtype=bool)
-    identified[call_of_item[serving]] = True
+    match_ids(readonly(ro.call_off), readonly(key_off), readonly(out_off), readonly(item_pos),
+              readonly(out_pos), readonly(item_soff), readonly(item_data), readonly(out_soff),
+              readonly(out_data), readonly(tab_off), slot_out, slot_hash, item_ids, out_ids,
+              out_served, identified)
     return ItemJoin(key_off, item_keys, item_ids, item_ids_bad_len, out_off, out_keys, out_ids,
                     out_ids_bad_len, out_served, identified)
 
@@ -259,11 +264,12 @@ def join_rewards(rec: Records, n_rollouts: int) -> RewardJoin:
 
 # ---- helpers of the joins ----
 
-def _aligned_ids(parts, codes, dest_off, owners):
-    """Id codes aligned with the keys' offsets (-1 null) and a bad-length flag per owner.
+def _aligned_positions(parts, dest_off, owners):
+    """For each key slot, the position of its id in the id column's values (-1: null), and a
+    bad-length flag per owner.
 
     ``parts`` = _list_parts of a column holding one id list per owner (a null list means every
-    id is null); ``codes`` = the codes of its values.
+    id is null; a list of the wrong length gives its owner nulls and the flag).
     """
     out = np.full(int(dest_off[-1]), -1, dtype=np.int64)
     starts, stops, _ = parts
@@ -272,8 +278,22 @@ def _aligned_ids(parts, codes, dest_off, owners):
     want = dest_off[owners + 1] - dest_off[owners]
     bad = present & (lens != want)
     good = present & ~bad
-    out[range_index(dest_off[owners[good]], lens[good])] = codes[range_index(starts[good], lens[good])]
+    out[range_index(dest_off[owners[good]], lens[good])] = range_index(starts[good], lens[good])
     return out, bad
+
+
+def _id_strings(values, pos, table, column):
+    """(offsets, bytes) of an id column's string values; ``pos`` set to -1 where a value is null."""
+    try:
+        soff, data, valid = string_parts(values)
+    except ValueError as err:
+        raise InputError(f"{table}: column '{column}': {err}") from None
+    if len(pos) and int(pos.max()) >= len(soff) - 1:
+        raise InputError(f"{table}: column '{column}': list offsets outside its values")
+    if valid is not None:
+        at = np.flatnonzero(pos >= 0)
+        pos[at[~valid[pos[at]]]] = -1
+    return soff, data
 
 
 def _encode(cols) -> tuple[int, list[np.ndarray]]:

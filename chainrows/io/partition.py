@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, fnv1a_strings
-from chainrows.io.arrays import FirstValue, one_chunk
+from chainrows.io.arrays import FirstValue, one_chunk, string_parts
 from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_schema
 from chainrows.io.errors import InputError
 from chainrows.io.memory import release_memory
@@ -34,14 +34,10 @@ PLAIN_IPC = pa.ipc.IpcWriteOptions(compression=None, use_threads=False)
 def string_hashes(col, second: bool = False) -> np.ndarray:
     """uint64 hash of each string (a null hashes like the empty string); ``second``: an
     independent hash (another FNV offset basis), for :func:`check_no_collisions`."""
-    arr = one_chunk(col).cast(pa.large_string())
+    arr = one_chunk(col)
     if len(arr) == 0:
         return np.zeros(0, dtype=np.uint64)
-    _, off_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(off_buf, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    if offsets[0] < 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > len(data):
-        raise ValueError("string offsets outside the data buffer")
+    offsets, data, _ = string_parts(arr)
     out = np.empty(len(arr), dtype=np.uint64)
     fnv1a_strings(readonly(np.ascontiguousarray(offsets)), readonly(data),
                   SECOND_OFFSET if second else FNV_OFFSET, out)
