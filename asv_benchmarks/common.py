@@ -236,11 +236,18 @@ def best_of(fn, repeats: int = 3, min_repeats: int = 1):
     return best, result
 
 
+def flat_tokens(batch) -> np.ndarray:
+    """The batch's token buffers as one (the buffer itself when there is one)."""
+    return batch.tokens[0] if len(batch.tokens) == 1 else np.concatenate(batch.tokens)
+
+
 def flat_token_runs(batch):
-    """starts, stops, seeds (parents' chain hashes, 0 for roots) of every call with tokens."""
+    """starts, stops (into :func:`flat_tokens`), seeds (parents' chain hashes, 0 for roots) of
+    every call with tokens."""
     has = batch.tok_start >= 0
-    starts = np.ascontiguousarray(batch.tok_start[has])
-    stops = np.ascontiguousarray(batch.tok_stop[has])
+    base = np.concatenate(([0], np.cumsum([len(t) for t in batch.tokens])))[batch.tok_chunk[has]]
+    starts = np.ascontiguousarray(batch.tok_start[has] + base)
+    stops = np.ascontiguousarray(batch.tok_stop[has] + base)
     parent = batch.parent[has]
     seeds = np.where(parent >= 0, batch.chain_hash[np.maximum(parent, 0)], 0).astype(np.uint64)
     return starts, stops, seeds

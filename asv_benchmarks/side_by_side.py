@@ -259,8 +259,9 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
     dec = decide(batch)
     out_bytes = rows.input_ids.nbytes + rows.loss_mask.nbytes + (rows.logprobs.nbytes if rows.logprobs is not None else 0)
     n_out_tokens = len(rows.input_ids)
-    in_bytes = batch.tokens.nbytes + batch.logprobs.nbytes
-    rep.line(f"batch: {_fmt_n(len(batch.tokens))} input tokens ({_fmt_b(in_bytes)} tokens+logprobs); "
+    in_bytes = sum(t.nbytes for t in batch.tokens) + sum(t.nbytes for t in batch.logprobs)
+    tokens = common.flat_tokens(batch)
+    rep.line(f"batch: {_fmt_n(len(tokens))} input tokens ({_fmt_b(in_bytes)} tokens+logprobs); "
              f"output {_fmt_n(n_out_tokens)} tokens in {len(rows.tok_off) - 1} rows = {_fmt_b(out_bytes)} "
              f"(input_ids + loss_mask + logprobs)")
     del rows
@@ -278,7 +279,7 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
         np.copyto(d, src)
 
     starts, stops, seeds = common.flat_token_runs(batch)
-    hash_deltas(batch.tokens, starts[:1], stops[:1], seeds[:1])
+    hash_deltas(tokens, starts[:1], stops[:1], seeds[:1])
     hashed_bytes = int((stops - starts).sum()) * 4
 
     times = {}
@@ -294,7 +295,7 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
             gather_rows(batch, box["dec"])
 
         def run_hash():
-            hash_deltas(batch.tokens, starts, stops, seeds)
+            hash_deltas(tokens, starts, stops, seeds)
 
         fns = {"decide": run_decide, "gather": run_gather, "hash": run_hash}
         for fn in fns.values():  # untimed: first run at this thread count

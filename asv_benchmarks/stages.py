@@ -171,7 +171,7 @@ class Xxh3(_Stage):
 
         build_batch = _engine()[0]
         batch, _ = build_batch(*self.tables)
-        self.tokens = batch.tokens
+        self.tokens = common.flat_tokens(batch)
         self.runs = common.flat_token_runs(batch)
         self.hash_deltas = hash_deltas
         self.xxh3_64_tokens = xxh3_64_tokens

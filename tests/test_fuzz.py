@@ -1024,6 +1024,13 @@ def test_cli_corrupted_parquet_bytes(cli, small_synth, tmp_path_factory, data):
 
 # ============================================================================ Batch guard
 
+def _second_buffer_first(b):
+    """Two buffers (the same data twice), tok_order's first call moved to the second one."""
+    b.tokens = (b.tokens[0], b.tokens[0])
+    b.logprobs = (b.logprobs[0], b.logprobs[0])
+    b.tok_chunk[b.tok_order[0]] = 1
+
+
 def test_batch_validate_refuses_out_of_bounds_arrays():
     """Every offset or index that would let a kernel (no bounds checks) leave its buffer is
     refused by Batch.validate with a ValueError naming the array."""
@@ -1044,10 +1051,16 @@ def test_batch_validate_refuses_out_of_bounds_arrays():
 
     C = good.num_calls
     cases = {
-        "tok_stop past the buffer": (bump("tok_stop", C - 1, len(good.tokens) + 1), "tok_start/tok_stop"),
+        "tok_stop past the buffer": (bump("tok_stop", C - 1, len(good.tokens[0]) + 1), "tok_start/tok_stop"),
         "tok_start negative": (bump("tok_start", 0, -5), "tok_start/tok_stop"),
         "tok_stop before tok_start": (bump("tok_stop", 0, good.tok_start[0] - 1), "tok_start/tok_stop"),
-        "lp_stop past the buffer": (bump("lp_stop", 0, len(good.logprobs) + 7), "lp_start/lp_stop"),
+        "lp_stop past the buffer": (bump("lp_stop", 0, len(good.logprobs[0]) + 7), "lp_start/lp_stop"),
+        "tok_chunk past the buffers": (bump("tok_chunk", 0, 1), "tok_chunk"),
+        "tok_chunk negative": (bump("tok_chunk", 0, -1), "tok_chunk"),
+        "tokens not a tuple": (replace("tokens", good.tokens[0]), "tokens"),
+        "fewer logprobs buffers": (replace("logprobs", ()), "tokens/logprobs"),
+        "tokens buffer dtype": (replace("tokens", (good.tokens[0].astype(np.int64),)), "tokens"),
+        "tok_order not by buffer": (_second_buffer_first, "tok_order"),
         "call_off end": (bump("call_off", -1, C + 1), "call_off"),
         "call_off decreasing": (bump("call_off", 1, good.call_off[2] + 1), "call_off"),
         "key_off end": (bump("key_off", -1, len(good.item_keys) + 1), "key_off"),

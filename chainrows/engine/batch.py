@@ -17,6 +17,7 @@ import numpy as np
 
 ROOT = -1  # parent_id null; terminal_response_id null
 MISSING = -2  # an id that names no call of the rollout
+NO_OUTPUT = -2  # item_ids code of an id no output of its rollout has
 NO_TOKENS = -1  # tok_start / lp_start of a call without a token row (or a null logprobs list)
 
 
@@ -39,7 +40,7 @@ class Batch:
     group: np.ndarray  # int64[R] dense group index (a null group_id is a group of its own)
     out_off: np.ndarray  # int64[R+1] into out_keys / out_ids / out_served
     out_keys: np.ndarray  # uint64[O]
-    out_ids: np.ndarray  # int64[O] id code, -1 null: equal to an item_ids code of the rollout iff the ids are equal (chainrows.engine.idmatch)
+    out_ids: np.ndarray  # int64[O] id code: the first output of the rollout with this id; -1 null
     out_served: np.ndarray  # bool[O] id non-null and served as an item id by some call of the rollout
     out_ids_bad_len: np.ndarray  # bool[R] output_ids length differs from output_keys
     terminal: np.ndarray  # int64[R] call index, ROOT when not given, MISSING when it names no call
@@ -65,15 +66,16 @@ class Batch:
     identified: np.ndarray  # bool[C] served an id that appears in output_ids, or is the terminal
     key_off: np.ndarray  # int64[C+1] into item_keys / item_ids
     item_keys: np.ndarray  # uint64[K]
-    item_ids: np.ndarray  # int64[K] id code, -1 null (see out_ids)
-    tok_start: np.ndarray  # int64[C] into tokens, NO_TOKENS when the call has no token row
+    item_ids: np.ndarray  # int64[K] the out_ids code of this id in the rollout, NO_OUTPUT when none, -1 null
+    tok_chunk: np.ndarray  # int64[C] the buffer (of tokens and logprobs) holding the call's token row; 0 without one
+    tok_start: np.ndarray  # int64[C] into tokens[tok_chunk[c]], NO_TOKENS when the call has no token row
     tok_stop: np.ndarray  # int64[C]
-    tokens: np.ndarray  # int32[T] one flat buffer
-    tok_order: np.ndarray  # int64[K] every call with a token row once, in token-buffer order
+    tokens: tuple  # of int32 buffers, at least one (the token column's chunks, not concatenated)
+    tok_order: np.ndarray  # int64[K] every call with a token row once, in buffer order (by tok_chunk)
     has_logprobs: bool
-    lp_start: np.ndarray  # int64[C] into logprobs, NO_TOKENS when null or no token row
+    lp_start: np.ndarray  # int64[C] into logprobs[tok_chunk[c]], NO_TOKENS when null or no token row
     lp_stop: np.ndarray  # int64[C]
-    logprobs: np.ndarray  # float32[P] (empty when has_logprobs is False)
+    logprobs: tuple  # of float32 buffers, one per tokens buffer (empty ones when has_logprobs is False)
 
     @property
     def num_rollouts(self) -> int:
@@ -98,7 +100,7 @@ class Batch:
             _check_len(name, getattr(self, name), n)
         for name in ("prev_len", "delta_len", "gen_len", "chain_hash", "failed", "integrity_bad", "dup_call_id",
                      "dup_response_id", "dup_tokens", "item_ids_bad_len", "identified",
-                     "tok_start", "tok_stop", "lp_start", "lp_stop"):
+                     "tok_chunk", "tok_start", "tok_stop", "lp_start", "lp_stop"):
             _check_len(name, getattr(self, name), C)
         _check_offsets("call_off", self.call_off, C)
         _check_offsets("out_off", self.out_off, len(self.out_keys), R)
@@ -119,9 +121,10 @@ class Batch:
         _check_same_rollout("cand_call", self.cand_call, cand_owner, self.call_off, allow=())
         if np.any(self.cand_len != (self.key_off[self.cand_call + 1] - self.key_off[self.cand_call])):
             raise ValueError("cand_len: differs from the call's item count")
-        _check_ranges("tok", self.tok_start, self.tok_stop, len(self.tokens))
-        _check_ranges("lp", self.lp_start, self.lp_stop, len(self.logprobs))
-        _check_order(self.tok_order, self.tok_start, C)
+        _check_buffers(self)
+        _check_ranges("tok", self.tok_start, self.tok_stop, self.tok_chunk, [len(t) for t in self.tokens])
+        _check_ranges("lp", self.lp_start, self.lp_stop, self.tok_chunk, [len(t) for t in self.logprobs])
+        _check_order(self.tok_order, self.tok_start, self.tok_chunk, C)
         if len(self.group) and (self.group.min() < 0 or self.group.max() >= R):
             raise ValueError("group: index outside [0, num_rollouts)")
 
@@ -136,10 +139,11 @@ _DTYPES = {
     "integrity_bad": np.bool_,
     "dup_call_id": np.bool_, "dup_response_id": np.bool_, "dup_tokens": np.bool_,
     "item_ids_bad_len": np.bool_, "identified": np.bool_, "key_off": np.int64,
-    "item_keys": np.uint64, "item_ids": np.int64, "tok_start": np.int64, "tok_stop": np.int64,
-    "tokens": np.int32, "tok_order": np.int64, "lp_start": np.int64, "lp_stop": np.int64, "logprobs": np.float32,
+    "item_keys": np.uint64, "item_ids": np.int64, "tok_chunk": np.int64,
+    "tok_start": np.int64, "tok_stop": np.int64, "tok_order": np.int64, "lp_start": np.int64, "lp_stop": np.int64,
 }
-assert set(_DTYPES) | {"has_logprobs"} == {f.name for f in fields(Batch)}
+_BUFFERS = {"tokens": np.int32, "logprobs": np.float32}
+assert set(_DTYPES) | set(_BUFFERS) | {"has_logprobs"} == {f.name for f in fields(Batch)}
 
 
 def _check_dtypes(batch: Batch) -> None:
@@ -149,6 +153,18 @@ def _check_dtypes(batch: Batch) -> None:
             raise ValueError(f"{name}: expected a 1-D {np.dtype(dtype)} array")
         if not arr.flags.c_contiguous:
             raise ValueError(f"{name}: expected a contiguous array")
+
+
+def _check_buffers(batch: Batch) -> None:
+    for name, dtype in _BUFFERS.items():
+        bufs = getattr(batch, name)
+        if not isinstance(bufs, tuple) or not all(
+                isinstance(a, np.ndarray) and a.dtype == dtype and a.ndim == 1 and a.flags.c_contiguous for a in bufs):
+            raise ValueError(f"{name}: expected a tuple of contiguous 1-D {np.dtype(dtype)} arrays")
+    if len(batch.tokens) == 0 or len(batch.logprobs) != len(batch.tokens):
+        raise ValueError("tokens/logprobs: expected one or more buffers, as many of each")
+    if len(batch.tok_chunk) and (batch.tok_chunk.min() < 0 or batch.tok_chunk.max() >= len(batch.tokens)):
+        raise ValueError("tok_chunk: index outside the buffers")
 
 
 def _check_len(name, arr, n) -> None:
@@ -176,17 +192,20 @@ def _check_same_rollout(name, idx, owner, call_off, allow) -> None:
                          else f"{name}: invalid sentinel")
 
 
-def _check_order(order, tok_start, C) -> None:
-    """tok_order lists each call with a token row exactly once (the order itself is free: it
-    only decides which memory the data checks read first)."""
+def _check_order(order, tok_start, tok_chunk, C) -> None:
+    """tok_order lists each call with a token row exactly once, by buffer (the order within a
+    buffer is free: it only decides which memory the data checks read first)."""
     if len(order) and (order.min() < 0 or order.max() >= C):
         raise ValueError("tok_order: index outside [0, num_calls)")
+    if np.any(np.diff(tok_chunk[order]) < 0):
+        raise ValueError("tok_order: must list the calls buffer by buffer (tok_chunk non-decreasing)")
     seen = np.bincount(order, minlength=C)
     if np.any(seen > 1) or np.any(seen[tok_start != NO_TOKENS] != 1):
         raise ValueError("tok_order: must list every call with a token row exactly once")
 
 
-def _check_ranges(name, start, stop, size) -> None:
+def _check_ranges(name, start, stop, chunk, sizes) -> None:
+    size = np.asarray(sizes, dtype=np.int64)[chunk]
     bad = (start != NO_TOKENS) & ((start < 0) | (stop < start) | (stop > size))
     if bad.any():
         raise ValueError(f"{name}_start/{name}_stop: range outside the buffer")

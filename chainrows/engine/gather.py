@@ -1,4 +1,4 @@
-"""Kernels: build rows from the flat token buffer, in two passes (count, then fill).
+"""Kernels: build rows from the token buffers, in passes: count, fill, copy (per buffer).
 
 Plain-Python definition: for each ok rollout and each of its chains k, one row whose tokens
 are the chain's deltas root first, loss_mask 0 on each delta's carry and 1 on its generated
@@ -64,9 +64,11 @@ def row_sizes(chunks, ok, placeholders, row_off, sel_off, sel, sel_len, chain_st
 
 @pjit
 def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off, sel, sel_len,
-              chain_start, tok_start, delta_len, gen_len, tokens, has_logprobs, lp_start, logprobs,
-              input_ids, loss_mask, out_logprobs, row_calls):
-    """Pass 2: copy each chain's deltas into input_ids (and logprobs), write loss_mask and call lists."""
+              chain_start, delta_len, gen_len, has_logprobs, input_ids, loss_mask, out_logprobs,
+              row_calls, call_dst):
+    """Pass 2: loss_mask, the call lists (``row_calls``) and where each listed call's delta goes
+    (``call_dst``, aligned with row_calls); placeholder rows whole. The deltas themselves are
+    copied by :func:`copy_deltas`, one buffer at a time."""
     for kk in prange(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):
             w = row_off[r]
@@ -90,14 +92,24 @@ def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off,
                     t = tok_off[w]
                     m = call_row_off[w]
                 row_calls[m] = c
+                call_dst[m] = t
                 m += 1
                 d = delta_len[c]
-                src = tok_start[c]
                 carry = d if f & 2 else d - gen_len[c]  # a shared call is trained in its first chain only
-                _copy(input_ids[t:t + d], tokens[src:src + d])
                 _fill(loss_mask[t:t + carry], 0)
                 _fill(loss_mask[t + carry:t + d], 1)
-                if has_logprobs:
-                    lsrc = lp_start[c]
-                    _copy(out_logprobs[t:t + d], logprobs[lsrc:lsrc + d])
                 t += d
+
+
+@pjit
+def copy_deltas(chunks, entries, row_calls, call_dst, src_start, delta_len, src, dst):
+    """For each m in ``entries`` (split by ``chunks``): c = row_calls[m], d = delta_len[c];
+    dst[call_dst[m]:call_dst[m] + d] = src[src_start[c]:src_start[c] + d]."""
+    for kk in prange(len(chunks) - 1):
+        for j in range(chunks[kk], chunks[kk + 1]):
+            m = entries[j]
+            c = row_calls[m]
+            d = delta_len[c]
+            t = call_dst[m]
+            a = src_start[c]
+            _copy(dst[t:t + d], src[a:a + d])

@@ -16,7 +16,7 @@ from chainrows.engine.buffers import empty
 from chainrows.engine.checks import rollout_checks
 from chainrows.engine.chunks import balanced_chunks
 from chainrows.engine.cut import cut_chains, forest_chains, terminal_chain
-from chainrows.engine.gather import fill_rows, row_sizes
+from chainrows.engine.gather import copy_deltas, fill_rows, row_sizes
 from chainrows.engine import select
 from chainrows.engine.select import select_calls
 from chainrows.engine.verify import data_checks, mark_chain_calls, verify_chains
@@ -61,8 +61,12 @@ class RowArrays:
 
 def _readonly(batch: Batch) -> Batch:
     """A copy of the batch holding read-only views, so each kernel compiles for one array type."""
-    return Batch(**{f.name: readonly(v) if isinstance(v := getattr(batch, f.name), np.ndarray) else v
-                    for f in fields(batch)})
+    def ro(v):
+        if isinstance(v, np.ndarray):
+            return readonly(v)
+        return tuple(readonly(a) for a in v) if isinstance(v, tuple) else v
+
+    return Batch(**{f.name: ro(getattr(batch, f.name)) for f in fields(batch)})
 
 
 def _chunks(batch: Batch) -> np.ndarray:
@@ -71,11 +75,26 @@ def _chunks(batch: Batch) -> np.ndarray:
     return balanced_chunks(per_call[batch.call_off] + np.arange(batch.num_rollouts + 1))
 
 
-def _order_chunks(batch: Batch) -> np.ndarray:
-    """Chunks over positions of tok_order, of about equal token counts."""
+def _order_chunks(batch: Batch) -> list[np.ndarray]:
+    """Per buffer k, chunks over the positions of tok_order in buffer k (tok_order lists the
+    calls buffer by buffer), of about equal token counts."""
     o = batch.tok_order
     per = np.concatenate(([0], np.cumsum(batch.tok_stop[o] - batch.tok_start[o] + 1)))
-    return balanced_chunks(per)
+    bounds = np.searchsorted(batch.tok_chunk[o], np.arange(len(batch.tokens) + 1), side="left")
+    return [balanced_chunks(per[a:b + 1] - per[a]) + a for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _copy_chunks(batch: Batch, row_calls: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per buffer k: (positions of row_calls whose call's delta is in buffer k, chunks over
+    them of about equal token counts)."""
+    buf = batch.tok_chunk[row_calls]
+    if len(batch.tokens) == 1:
+        entries = np.arange(len(row_calls), dtype=np.int64)
+    else:
+        entries = np.argsort(buf, kind="stable").astype(np.int64)
+    per = np.concatenate(([0], np.cumsum(batch.delta_len[row_calls[entries]] + 1)))
+    bounds = np.searchsorted(buf[entries], np.arange(len(batch.tokens) + 1), side="left")
+    return [(entries, balanced_chunks(per[a:b + 1] - per[a]) + a) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _forest(chunks, detail, bad_call, sel_off, sel, sel_len, parent, n_chains):
@@ -140,8 +159,10 @@ def decide(batch: Batch, options: Options = Options()) -> Decisions:
     need = np.zeros(C, dtype=np.uint8)
     mark_chain_calls(chunks, detail, sel_off, sel, sel_len, need)
     status = np.zeros(C, dtype=np.int32)
-    data_checks(_order_chunks(b), b.tok_order, need, b.parent, b.chain_hash, b.integrity_bad, b.gen_len,
-                b.tok_start, b.tok_stop, b.tokens, b.has_logprobs, b.lp_start, b.lp_stop, b.logprobs, status)
+    for k, order_chunks in enumerate(_order_chunks(b)):
+        data_checks(order_chunks, b.tok_order, need, b.parent, b.chain_hash, b.integrity_bad, b.gen_len,
+                    b.tok_start, b.tok_stop, b.tokens[k], b.has_logprobs, b.lp_start, b.lp_stop,
+                    b.logprobs[k], status)
     verify_chains(chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, b.parent,
                   b.prev_len, b.delta_len, b.gen_len, b.tok_start, b.tok_stop, b.has_logprobs,
                   b.lp_start, b.lp_stop, status)
@@ -177,9 +198,16 @@ def gather_rows(batch: Batch, dec: Decisions, options: Options = Options()) -> R
     loss_mask = empty(T, np.uint8)
     logprobs = empty(T if b.has_logprobs else 0, np.float32)
     row_calls = empty(int(call_off[-1]), np.int64)
+    call_dst = np.empty(len(row_calls), dtype=np.int64)
     fill_rows(chunks, ok, placeholders, row_off, tok_off, call_off, dec.sel_off, dec.sel, dec.sel_len,
-              dec.chain_start, b.tok_start, b.delta_len, b.gen_len, b.tokens, b.has_logprobs,
-              b.lp_start, b.logprobs, input_ids, loss_mask, logprobs, row_calls)
+              dec.chain_start, b.delta_len, b.gen_len, b.has_logprobs, input_ids, loss_mask, logprobs,
+              row_calls, call_dst)
+    ro_calls, ro_dst = readonly(row_calls), readonly(call_dst)
+    for k, (entries, copy_chunks) in enumerate(_copy_chunks(b, row_calls)):
+        entries = readonly(entries)
+        copy_deltas(copy_chunks, entries, ro_calls, ro_dst, b.tok_start, b.delta_len, b.tokens[k], input_ids)
+        if b.has_logprobs:
+            copy_deltas(copy_chunks, entries, ro_calls, ro_dst, b.lp_start, b.delta_len, b.logprobs[k], logprobs)
     row_rollout = np.repeat(np.arange(R, dtype=np.int64), rows_per)
     return RowArrays(row_off, row_rollout, segment, rows_per[row_rollout].astype(np.int32), prompt,
                      tok_off, input_ids, loss_mask, logprobs if b.has_logprobs else None, call_off,

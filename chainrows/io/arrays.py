@@ -76,30 +76,6 @@ def probe_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray,
     return pos_c, (pos < n) & (sorted_keys[pos_c] == keys)
 
 
-class KeyIndex:
-    """Sorted int64 keys for exact-match probes; remembers each key's original position."""
-
-    def __init__(self, keys: np.ndarray):
-        self.order = np.argsort(keys, kind="stable")
-        self.sorted = keys[self.order]
-
-    def later_duplicates(self) -> np.ndarray:
-        """bool per original position: an earlier position holds the same key."""
-        dup = np.zeros(len(self.sorted), dtype=bool)
-        same = self.sorted[1:] == self.sorted[:-1]
-        dup[self.order[1:][same]] = True
-        return dup
-
-    def lookup(self, keys: np.ndarray, missing: int) -> np.ndarray:
-        """Original position of the first occurrence of each key; ``missing`` where absent or
-        negative (a negative key matches nothing)."""
-        pos, hit = probe_sorted(self.sorted, keys)
-        hit &= keys >= 0
-        out = np.full(len(keys), missing, dtype=np.int64)
-        out[hit] = self.order[pos[hit]]
-        return out
-
-
 class FirstValue:
     """uint64 key -> the value of its first occurrence (a lookup table built from two arrays)."""
 

@@ -70,9 +70,9 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         dup_response_id=resp.dup_response_id, dup_tokens=toks.duplicated,
         item_ids_bad_len=items.item_ids_bad_len, identified=items.identified,
         key_off=items.key_off, item_keys=items.item_keys, item_ids=items.item_ids,
-        tok_start=toks.start, tok_stop=toks.stop, tokens=toks.buffer, tok_order=toks.order,
-        has_logprobs=toks.has_logprobs, lp_start=toks.lp_start, lp_stop=toks.lp_stop,
-        logprobs=toks.lp_buffer,
+        tok_chunk=toks.chunk, tok_start=toks.start, tok_stop=toks.stop, tokens=toks.tokens,
+        tok_order=toks.order, has_logprobs=toks.has_logprobs, lp_start=toks.lp_start,
+        lp_stop=toks.lp_stop, logprobs=toks.logprobs,
     )
     labels = Labels(rollout_ids=ro.ids, group_ids=rew.group_ids, call_ids=one_chunk(led["call_id"]),
                     orphan_token_rows=toks.orphan_rows,

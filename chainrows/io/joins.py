@@ -4,10 +4,10 @@ Each join takes what earlier joins produced and returns a small frozen record of
 rollouts (ids -> dense indices, ledger in rollout order), calls (call and parent ids), tokens
 (token rows -> calls, buffer ranges), records (the first rollouts row of each id), responses
 (terminal and accepted ids -> calls), items (item keys and ids, output keys and ids) and rewards
-(reward and group per rollout). Rollout, call and response ids become dense integer codes with
-one ``pc.dictionary_encode`` per id family; joins on (rollout, id) pairs are composite int64
-keys, sorted once and probed (chainrows.io.arrays). Item and output ids, the most numerous, are
-never encoded: a kernel matches them per rollout on their bytes (chainrows.engine.idmatch).
+(reward and group per rollout). Rollout ids become dense codes in byte order with one
+``pc.dictionary_encode`` (the output is sorted by them); group ids another. Every join on an
+id within a rollout (call, parent, response, item and output ids) is exact on the strings'
+bytes, per rollout, without encoding them (:class:`GroupIndex`, chainrows.engine.strjoin).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.engine.batch import MISSING, NO_TOKENS, ROOT, readonly
-from chainrows.engine.idmatch import match_ids, table_offsets
+from chainrows.engine.batch import MISSING, NO_OUTPUT, NO_TOKENS, ROOT, readonly
+from chainrows.engine.strjoin import index_groups, new_tables, probe_groups, table_offsets
 from chainrows.io.arrays import (
-    KeyIndex, list_offsets, offsets_from_lengths, offsets_from_owner, one_chunk, range_index, string_parts,
+    list_offsets, offsets_from_lengths, offsets_from_owner, one_chunk, range_index, string_parts,
 )
 from chainrows.io.errors import InputError
 from chainrows.io.take import take_rows
@@ -66,40 +66,111 @@ class CallJoin:
 
 
 def join_calls(ro: RolloutJoin, tokens: pa.Table) -> CallJoin:
-    n_cid, (l_c, t_c, p_c) = _encode([ro.ledger["call_id"], tokens["call_id"], ro.ledger["parent_id"]])
-    index = KeyIndex(_pair_keys(ro.of_call, l_c, n_cid))
-    parent = index.lookup(_pair_keys(ro.of_call, p_c, n_cid), MISSING)
-    parent[p_c < 0] = ROOT  # p_c is -1 exactly where parent_id is null
-    return CallJoin(parent, index.later_duplicates(), index.lookup(_pair_keys(ro.of_token, t_c, n_cid), MISSING))
+    index = GroupIndex(ro.call_off, ro.ledger["call_id"], "ledger", "call_id")
+    parent_col = one_chunk(ro.ledger["parent_id"])
+    parent = index.lookup(ro.of_call, parent_col, "ledger", "parent_id", MISSING)
+    if parent_col.null_count:
+        parent[bools(parent_col.is_null())] = ROOT
+    of_token = index.lookup(ro.of_token, tokens["call_id"], "tokens", "call_id", MISSING)
+    return CallJoin(parent, index.later_duplicates(), of_token)
+
+
+@dataclass(frozen=True)
+class TokenBuffers:
+    """The tokens table's list columns as buffers, its chunks not concatenated: token row i is
+    in buffer ``row_chunk[i]`` of ``tokens`` at ``tok_start[i]:tok_stop[i]``, of ``logprobs``
+    at ``lp_start[i]:lp_stop[i]`` (NO_TOKENS: a null logprobs list). Without the logprobs
+    column, ``logprobs`` is None. See :func:`buffer_groups` for which chunks are merged."""
+
+    row_chunk: np.ndarray
+    tok_start: np.ndarray
+    tok_stop: np.ndarray
+    tokens: tuple
+    lp_start: np.ndarray | None
+    lp_stop: np.ndarray | None
+    logprobs: tuple | None
+
+
+MIN_BUFFER_BYTES = 8 << 20  # chunks smaller than this are merged with their neighbours
+
+
+def buffer_groups(tok_col: pa.ChunkedArray, lp_col: pa.ChunkedArray | None) -> list[tuple[int, int]]:
+    """Ranges [a, b) of chunks that become one buffer each: a chunk of at least MIN_BUFFER_BYTES
+    alone (no copy), runs of smaller ones merged until they reach it (one copy of small data, so
+    the buffer count stays under total / MIN_BUFFER_BYTES + chunks). When the logprobs column is
+    chunked differently from the tokens column, everything is one buffer."""
+    n = tok_col.num_chunks
+    if n == 0:
+        return []
+    if lp_col is not None and [len(c) for c in tok_col.chunks] != [len(c) for c in lp_col.chunks]:
+        return [(0, n)]
+    size = [c.nbytes + (lp_col.chunk(i).nbytes if lp_col is not None else 0) for i, c in enumerate(tok_col.chunks)]
+    groups, start, acc = [], 0, 0
+    for i, nbytes in enumerate(size):
+        if nbytes >= MIN_BUFFER_BYTES and acc:
+            groups.append((start, i))
+            start, acc = i, 0
+        acc += nbytes
+        if acc >= MIN_BUFFER_BYTES:
+            groups.append((start, i + 1))
+            start, acc = i + 1, 0
+    if start < n:
+        groups.append((start, n))
+    return groups
+
+
+def token_buffers(tokens: pa.Table) -> TokenBuffers:
+    """The tokens and logprobs columns as :class:`TokenBuffers` (always at least one buffer)."""
+    tok_col = tokens["tokens"]
+    lp_col = tokens["logprobs"] if "logprobs" in tokens.column_names else None
+    groups = buffer_groups(tok_col, lp_col) or [(0, 0)]
+    parts = {"tok": ([], [], []), "lp": ([], [], [])}
+    for a, b in groups:
+        for key, col, dtype, name, null_is_empty in (("tok", tok_col, np.int32, "tokens", True),
+                                                     ("lp", lp_col, np.float32, "logprobs", False)):
+            if col is None:
+                continue
+            starts, stops, values = _list_parts(_merged(col, a, b), null_is_empty=null_is_empty)
+            parts[key][0].append(starts)
+            parts[key][1].append(stops)
+            parts[key][2].append(column_values(values, dtype, "tokens", name))
+    rows = [len(x) for x in parts["tok"][0]]
+    row_chunk = np.repeat(np.arange(len(groups), dtype=np.int64), rows)
+    tok_start, tok_stop, tok_bufs = (np.concatenate(parts["tok"][0]), np.concatenate(parts["tok"][1]),
+                                     tuple(parts["tok"][2]))
+    if lp_col is None:
+        return TokenBuffers(row_chunk, tok_start, tok_stop, tok_bufs, None, None, None)
+    return TokenBuffers(row_chunk, tok_start, tok_stop, tok_bufs, np.concatenate(parts["lp"][0]),
+                        np.concatenate(parts["lp"][1]), tuple(parts["lp"][2]))
+
+
+def _merged(col: pa.ChunkedArray, a: int, b: int) -> pa.Array:
+    """Chunks a..b-1 of ``col`` as one Array (the chunk itself when b == a + 1)."""
+    if b - a == 1:
+        return col.chunk(a)
+    if b == a:
+        return pa.array([], col.type)
+    return pa.concat_arrays(col.chunks[a:b])
 
 
 @dataclass(frozen=True)
 class TokenJoin:
-    """Per call: ``start``/``stop`` of its delta in ``buffer`` (NO_TOKENS: no token row),
-    ``duplicated`` (several token rows); the same for logprobs when ``has_logprobs``;
-    ``order``: the calls in token-row order (the buffer's order); ``orphan_rows``: token rows
-    naming no call."""
+    """Per call: the buffer of its token row (``chunk``, 0 without one), ``start``/``stop`` of
+    its delta in that buffer of ``buffers.tokens`` (NO_TOKENS: no token row), ``duplicated``
+    (several token rows); the same for logprobs when ``has_logprobs``; ``order``: the calls in
+    token-row order (the buffers' order); ``orphan_rows``: token rows naming no call."""
 
+    chunk: np.ndarray
     start: np.ndarray
     stop: np.ndarray
-    buffer: np.ndarray
+    tokens: tuple
     duplicated: np.ndarray
     order: np.ndarray
     has_logprobs: bool
     lp_start: np.ndarray
     lp_stop: np.ndarray
-    lp_buffer: np.ndarray
+    logprobs: tuple
     orphan_rows: int
-
-
-def token_buffers(tokens: pa.Table):
-    """(starts, stops, int32 values) of the tokens column; the same for logprobs (float32), or None."""
-    starts, stops, values = _list_parts(tokens["tokens"])
-    tok = (starts, stops, column_values(values, np.int32, "tokens", "tokens"))
-    if "logprobs" not in tokens.column_names:
-        return tok, None
-    starts, stops, values = _list_parts(tokens["logprobs"], null_is_empty=False)
-    return tok, (starts, stops, column_values(values, np.float32, "tokens", "logprobs"))
 
 
 def join_tokens(calls: CallJoin, n_calls: int, buffers) -> TokenJoin:
@@ -112,17 +183,20 @@ def join_tokens(calls: CallJoin, n_calls: int, buffers) -> TokenJoin:
     # a call with several rows at the row it kept
     kept = np.zeros(len(t_call), dtype=bool)
     kept[tok_row[tok_row >= 0]] = True
-    (starts, stops, buffer), lp_parts = buffers.result()
-    start, stop = _gather_ranges(tok_row, starts, stops)
-    if lp_parts is not None:
-        lp_start, lp_stop = _gather_ranges(tok_row, lp_parts[0], lp_parts[1])
-        lp_buffer = lp_parts[2]
+    buf: TokenBuffers = buffers.result()
+    has = tok_row >= 0
+    chunk = np.zeros(n_calls, dtype=np.int64)
+    chunk[has] = buf.row_chunk[tok_row[has]]
+    start, stop = _gather_ranges(tok_row, buf.tok_start, buf.tok_stop)
+    if buf.logprobs is not None:
+        lp_start, lp_stop = _gather_ranges(tok_row, buf.lp_start, buf.lp_stop)
+        logprobs = buf.logprobs
     else:
         lp_start = np.full(n_calls, NO_TOKENS, dtype=np.int64)
         lp_stop = lp_start.copy()
-        lp_buffer = np.zeros(0, dtype=np.float32)
-    return TokenJoin(start, stop, buffer, duplicated, t_call[kept], lp_parts is not None,
-                     lp_start, lp_stop, lp_buffer, int((~matched).sum()))
+        logprobs = tuple(np.zeros(0, dtype=np.float32) for _ in buf.tokens)
+    return TokenJoin(chunk, start, stop, buf.tokens, duplicated, t_call[kept], buf.logprobs is not None,
+                     lp_start, lp_stop, logprobs, int((~matched).sum()))
 
 
 class Records:
@@ -155,14 +229,12 @@ class ResponseJoin:
 def join_responses(ro: RolloutJoin, rec: Records) -> ResponseJoin:
     R = ro.n
     acc_present = "accepted_response_ids" in rec.table.column_names
-    cols = [ro.ledger["response_id"], rec.table["terminal_response_id"]]
-    if acc_present:
-        cols.append(pc.list_flatten(rec.table["accepted_response_ids"]))
-    n_resp, codes = _encode(cols)
-    index = KeyIndex(_pair_keys(ro.of_call, codes[0], n_resp))
+    index = GroupIndex(ro.call_off, ro.ledger["response_id"], "ledger", "response_id")
     terminal = np.full(R, ROOT, dtype=np.int64)
-    given = codes[1] >= 0  # null terminal_response_id: not given
-    terminal[rec.rollout[given]] = index.lookup(_pair_keys(rec.rollout[given], codes[1][given], n_resp), MISSING)
+    term_col = one_chunk(rec.table["terminal_response_id"])
+    given = bools(term_col.is_valid())  # null terminal_response_id: not given
+    terminal[rec.rollout[given]] = index.lookup(rec.rollout, term_col, "rollouts", "terminal_response_id",
+                                                MISSING)[given]
     has_acc = np.zeros(R, dtype=bool)
     acc_len = np.zeros(R, dtype=np.int64)
     acc_call = np.zeros(0, dtype=np.int64)
@@ -172,7 +244,7 @@ def join_responses(ro: RolloutJoin, rec: Records) -> ResponseJoin:
         lens = _list_lengths(acc_col)
         acc_len[rec.rollout] = lens
         owner = np.repeat(rec.rollout, lens)  # list_flatten: null lists contribute nothing
-        acc_call = index.lookup(_pair_keys(owner, codes[2], n_resp), MISSING)
+        acc_call = index.lookup(owner, pc.list_flatten(acc_col), "rollouts", "accepted_response_ids", MISSING)
     return ResponseJoin(index.later_duplicates(), terminal, has_acc, offsets_from_lengths(acc_len), acc_call)
 
 
@@ -213,20 +285,17 @@ def join_items(ro: RolloutJoin, rec: Records) -> ItemJoin:
     out_pos, out_bad = _aligned_positions(out_parts, out_off, rec.rollout)
     out_ids_bad_len = np.zeros(R, dtype=bool)
     out_ids_bad_len[rec.rollout] = out_bad
-    item_soff, item_data = _id_strings(item_parts[2], item_pos, "ledger", "item_ids")
-    out_soff, out_data = _id_strings(out_parts[2], out_pos, "rollouts", "output_ids")
-
-    tab_off = table_offsets(out_off)
-    slot_out = np.full(int(tab_off[-1]), -1, dtype=np.int64)
-    slot_hash = np.empty(int(tab_off[-1]), dtype=np.uint64)
-    item_ids = np.empty(len(item_pos), dtype=np.int64)
-    out_ids = np.empty(len(out_pos), dtype=np.int64)
-    out_served = np.zeros(len(out_pos), dtype=bool)
+    outputs = GroupIndex(out_off, out_parts[2], "rollouts", "output_ids", pos=out_pos)
+    out_ids = outputs.first
+    call_of_item = np.repeat(np.arange(C, dtype=np.int64), key_len)
+    item_ids = outputs.lookup(ro.of_call[call_of_item], item_parts[2], "ledger", "item_ids", NO_OUTPUT, pos=item_pos)
+    item_ids[item_pos < 0] = -1
+    serving = item_ids >= 0
     identified = np.zeros(C, dtype=bool)
-    match_ids(readonly(ro.call_off), readonly(key_off), readonly(out_off), readonly(item_pos),
-              readonly(out_pos), readonly(item_soff), readonly(item_data), readonly(out_soff),
-              readonly(out_data), readonly(tab_off), slot_out, slot_hash, item_ids, out_ids,
-              out_served, identified)
+    identified[call_of_item[serving]] = True
+    served = np.zeros(len(out_ids), dtype=bool)
+    served[item_ids[serving]] = True
+    out_served = (out_ids >= 0) & served[np.maximum(out_ids, 0)]
     return ItemJoin(key_off, item_keys, item_ids, item_ids_bad_len, out_off, out_keys, out_ids,
                     out_ids_bad_len, out_served, identified)
 
@@ -282,30 +351,63 @@ def _aligned_positions(parts, dest_off, owners):
     return out, bad
 
 
+class GroupIndex:
+    """Exact lookup of string ids within groups (chainrows.engine.strjoin): the build strings
+    ``values`` (a string column; ``pos`` picks each entry's string, -1 null; default: entry i is
+    string i), grouped by ``build_off``; ``first``: per entry, the first entry of its group with
+    the same string (-1 null)."""
+
+    def __init__(self, build_off, values, table, column, pos=None):
+        self.build_off = build_off
+        self.strings, self.pos = _id_strings(values, pos, table, column)
+        self.tab_off = table_offsets(build_off)
+        self.slot, self.slot_hash = new_tables(self.tab_off)
+        self.first = np.empty(len(self.pos), dtype=np.int64)
+        index_groups(readonly(build_off), readonly(self.pos), *map(readonly, self.strings),
+                     readonly(self.tab_off), self.slot, self.slot_hash, self.first)
+
+    def later_duplicates(self) -> np.ndarray:
+        """bool per entry: an earlier entry of its group has the same string."""
+        return (self.first >= 0) & (self.first != np.arange(len(self.first)))
+
+    def lookup(self, group, values, table, column, missing, pos=None) -> np.ndarray:
+        """Per probe (its group, its string in ``values``, ``pos`` as for the build side): the
+        first build entry of that group with the same string, else ``missing`` (a null never
+        matches)."""
+        strings, probe_pos = _id_strings(values, pos, table, column)
+        found = np.empty(len(probe_pos), dtype=np.int64)
+        probe_groups(readonly(self.build_off), readonly(self.pos), *map(readonly, self.strings),
+                     readonly(self.tab_off), readonly(self.slot), readonly(self.slot_hash),
+                     readonly(np.ascontiguousarray(group, dtype=np.int64)), readonly(probe_pos),
+                     *map(readonly, strings), found)
+        found[found < 0] = missing
+        return found
+
+
 def _id_strings(values, pos, table, column):
-    """(offsets, bytes) of an id column's string values; ``pos`` set to -1 where a value is null."""
+    """((offsets, bytes), pos) of a string column: ``pos`` (default: every string in order)
+    checked against the strings and set to -1 where a value is null."""
     try:
-        soff, data, valid = string_parts(values)
+        soff, data, valid = string_parts(one_chunk(values))
     except ValueError as err:
         raise InputError(f"{table}: column '{column}': {err}") from None
-    if len(pos) and int(pos.max()) >= len(soff) - 1:
+    n = len(soff) - 1
+    if pos is None:
+        pos = np.arange(n, dtype=np.int64)
+    elif len(pos) and int(pos.max()) >= n:
         raise InputError(f"{table}: column '{column}': list offsets outside its values")
     if valid is not None:
+        pos = pos.copy()
         at = np.flatnonzero(pos >= 0)
         pos[at[~valid[pos[at]]]] = -1
-    return soff, data
-
-
-def _encode(cols) -> tuple[int, list[np.ndarray]]:
-    """Dense int64 codes for several string columns at once, -1 for null: (number of codes,
-    codes per column). One dictionary_encode over all the columns' chunks (one hash pass;
-    Arrow shares the dictionary across the chunks of one array)."""
-    enc, dictionary = _dictionary_encode(cols)
-    return len(dictionary), enc
+    return (soff, data), pos
 
 
 def _encode_sorted(cols) -> tuple[pa.Array, list[np.ndarray]]:
-    """_encode with the codes renumbered in byte order of the strings: (sorted strings, codes)."""
+    """Dense int64 codes (-1 null) for several string columns at once, numbered in byte order
+    of the strings: (sorted distinct strings, codes per column). One dictionary_encode over all
+    the columns' chunks (one hash pass; Arrow shares the dictionary across the chunks of one
+    array)."""
     codes, dictionary = _dictionary_encode(cols)
     order = pc.sort_indices(dictionary).to_numpy().astype(np.int64)
     rank = np.empty(len(order) + 1, dtype=np.int64)
@@ -327,15 +429,6 @@ def _dictionary_encode(cols):
     idx = idx.astype(np.int64)
     bounds = np.cumsum([0] + lengths)
     return [idx[bounds[i]:bounds[i + 1]] for i in range(len(cols))], dictionary
-
-
-def _pair_keys(owner, code, n_codes) -> np.ndarray:
-    """owner * n_codes + code as int64; a negative code gives -1 (matches nothing)."""
-    n_codes = max(int(n_codes), 1)
-    if len(owner) and int(owner.max()) >= (2**62) // n_codes:
-        raise InputError("too many distinct ids in one batch to index (reduce the batch size)")
-    key = owner.astype(np.int64) * n_codes + code
-    return np.where(code >= 0, key, -1)
 
 
 def _take_ranges(values, starts, lengths) -> np.ndarray:
