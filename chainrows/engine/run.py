@@ -91,7 +91,8 @@ def _copy_chunks(batch: Batch, row_calls: np.ndarray) -> list[tuple[np.ndarray, 
     if len(batch.tokens) == 1:
         entries = np.arange(len(row_calls), dtype=np.int64)
     else:
-        entries = np.argsort(buf, kind="stable").astype(np.int64)
+        small = np.uint8 if len(batch.tokens) <= 255 else np.uint16 if len(batch.tokens) <= 65535 else np.int64
+        entries = np.argsort(buf.astype(small), kind="stable").astype(np.int64)  # radix sort up to 16 bits
     per = np.concatenate(([0], np.cumsum(batch.delta_len[row_calls[entries]] + 1)))
     bounds = np.searchsorted(buf[entries], np.arange(len(batch.tokens) + 1), side="left")
     return [(entries, balanced_chunks(per[a:b + 1] - per[a]) + a) for a, b in zip(bounds[:-1], bounds[1:])]

@@ -63,10 +63,11 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         out_served=items.out_served, out_ids_bad_len=items.out_ids_bad_len,
         terminal=resp.terminal, has_acc=resp.has_acc, acc_off=resp.acc_off, acc_call=resp.acc_call,
         cand_off=cand.off, cand_len=cand.length, cand_hash=cand.hash, cand_call=cand.call,
-        parent=calls.parent, prev_len=int64s(led["prev_len"]), delta_len=int64s(led["delta_len"]),
-        gen_len=int64s(led["gen_len"]),
-        chain_hash=column_values(one_chunk(led["chain_hash"]), np.uint64, "ledger", "chain_hash"),
-        failed=bools(led["failed"]), integrity_bad=_integrity_bad(led), dup_call_id=calls.dup_call_id,
+        parent=calls.parent, prev_len=ro.per_call(int64s(led["prev_len"])),
+        delta_len=ro.per_call(int64s(led["delta_len"])), gen_len=ro.per_call(int64s(led["gen_len"])),
+        chain_hash=ro.per_call(column_values(one_chunk(led["chain_hash"]), np.uint64, "ledger", "chain_hash")),
+        failed=ro.per_call(bools(led["failed"])), integrity_bad=ro.per_call(_integrity_bad(led)),
+        dup_call_id=calls.dup_call_id,
         dup_response_id=resp.dup_response_id, dup_tokens=toks.duplicated,
         item_ids_bad_len=items.item_ids_bad_len, identified=items.identified,
         key_off=items.key_off, item_keys=items.item_keys, item_ids=items.item_ids,
@@ -74,9 +75,9 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
         tok_order=toks.order, has_logprobs=toks.has_logprobs, lp_start=toks.lp_start,
         lp_stop=toks.lp_stop, logprobs=toks.logprobs,
     )
-    labels = Labels(rollout_ids=ro.ids, group_ids=rew.group_ids, call_ids=one_chunk(led["call_id"]),
+    labels = Labels(rollout_ids=ro.ids, group_ids=rew.group_ids, call_ids=ro.strings("call_id"),
                     orphan_token_rows=toks.orphan_rows,
-                    integrity_errors=one_chunk(led["integrity_error"])
+                    integrity_errors=ro.strings("integrity_error")
                     if "integrity_error" in led.column_names else None)
     return batch, labels
 
