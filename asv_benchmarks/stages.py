@@ -42,7 +42,7 @@ class _Stage:
 
 
 class Join(_Stage):
-    """build_batch: Arrow tables -> Batch (string ids to codes, joins, flat buffers)."""
+    """build_batch: Arrow tables -> Batch (id joins, token buffers)."""
 
     def setup(self, n):
         self._load(n)
