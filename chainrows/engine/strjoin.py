@@ -46,6 +46,19 @@ def _same(a_off, a_data, a, b_off, b_data, b):
     return True
 
 
+@jit(inline="always")
+def _slot_of(tb, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, psoff, pdata, v):
+    """The slot of group table ``tb`` holding string v of (psoff, pdata), or the empty slot
+    where it would go: linear probing from ``h``; a tag match is confirmed on the bytes."""
+    s = h & mask
+    while True:
+        at = tb + np.int64(s)
+        e = slot[at]
+        if e < 0 or (slot_hash[at] == tag and _same(soff, data, build_pos[b0 + e], psoff, pdata, v)):
+            return at
+        s = (s + np.uint64(1)) & mask
+
+
 @pjit
 def index_groups(build_off, build_pos, soff, data, tab_off, slot, slot_hash, first):
     """first[i] = the first build entry of i's group whose string equals i's (i itself when
@@ -68,19 +81,13 @@ def index_groups(build_off, build_pos, soff, data, tab_off, slot, slot_hash, fir
                 continue
             h = fnv1a(soff, data, v, FNV_OFFSET)
             tag = np.uint32(h >> np.uint64(32))
-            s = h & mask
-            while True:
-                at = tb + np.int64(s)
-                e = slot[at]
-                if e < 0:
-                    slot[at] = np.int32(i - b0)
-                    slot_hash[at] = tag
-                    first[i] = i
-                    break
-                if slot_hash[at] == tag and _same(soff, data, build_pos[b0 + e], soff, data, v):
-                    first[i] = b0 + e
-                    break
-                s = (s + np.uint64(1)) & mask
+            at = _slot_of(tb, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, soff, data, v)
+            if slot[at] < 0:
+                slot[at] = np.int32(i - b0)
+                slot_hash[at] = tag
+                first[i] = i
+            else:
+                first[i] = b0 + slot[at]
 
 
 @pjit
@@ -102,17 +109,10 @@ def probe_groups(build_off, build_pos, soff, data, tab_off, slot, slot_hash, pro
         b0 = build_off[g]
         mask = np.uint64(size - 1)
         h = fnv1a(psoff, pdata, v, FNV_OFFSET)
-        tag = np.uint32(h >> np.uint64(32))
-        s = h & mask
-        while True:
-            at = tb + np.int64(s)
-            e = slot[at]
-            if e < 0:
-                break
-            if slot_hash[at] == tag and _same(soff, data, build_pos[b0 + e], psoff, pdata, v):
-                found[j] = b0 + e
-                break
-            s = (s + np.uint64(1)) & mask
+        at = _slot_of(tb, mask, h, np.uint32(h >> np.uint64(32)), slot, slot_hash, b0, build_pos, soff, data,
+                      psoff, pdata, v)
+        if slot[at] >= 0:
+            found[j] = b0 + slot[at]
 
 
 def index_groups_py(build_off, build_ids) -> list:
