@@ -62,8 +62,11 @@ def test_chunks_used_in_place_when_large(tables, monkeypatch):
     batch, _ = build_batch(ledger, chunked, rollouts)
     assert len(batch.tokens) == chunked["tokens"].num_chunks > 1
     for k, chunk in enumerate(chunked["tokens"].chunks):
-        values = chunk.values.buffers()[1]
-        assert batch.tokens[k].ctypes.data == values.address  # zero copy: the chunk's own buffer
+        off = chunk.offsets.to_numpy()
+        values = chunk.values.buffers()[1]  # a slice's values are its parent's, whole
+        # zero copy, and only the range this chunk's lists use
+        assert batch.tokens[k].ctypes.data == values.address + 4 * (chunk.values.offset + int(off[0]))
+        assert len(batch.tokens[k]) == off[-1] - off[0]
     batch.validate()
 
 
@@ -87,3 +90,29 @@ def test_validate_names_bad_buffer_indices(tables):
     batch.tok_chunk[np.flatnonzero(batch.tok_start >= 0)[0]] = 1
     with pytest.raises(ValueError, match="tok_chunk"):
         batch.validate()
+
+
+def test_null_entry_inside_an_id_list_is_null_not_unmatched(tables):
+    ledger, tokens, rollouts = tables
+    ids = ledger["item_ids"].combine_chunks()
+    rows = ids.to_pylist()
+    i = next(n for n, r in enumerate(rows) if r)
+    rows[i] = [None] + rows[i][1:]
+    ledger = ledger.set_column(ledger.column_names.index("item_ids"), "item_ids", pa.array(rows, ids.type))
+    batch, _ = build_batch(ledger, tokens, rollouts)
+    assert (batch.item_ids >= -2).all()
+    keys = [k or [] for k in ledger["item_keys"].to_pylist()]
+    # a null list, or one of the wrong length, reads as all nulls; else its null entries
+    nulls = sum(len(k) if r is None or len(r) != len(k) else sum(v is None for v in r) for r, k in zip(rows, keys))
+    assert (batch.item_ids == -1).sum() == nulls
+
+
+def test_empty_string_arrays_without_offsets_are_accepted(tables):
+    ledger, tokens, rollouts = tables
+    empty = pa.StringArray.from_buffers(0, pa.py_buffer(b""), pa.py_buffer(b""))
+    empty.validate(full=True)
+    t0 = tokens.slice(0, 0)
+    for c in ("call_id", "rollout_id"):
+        t0 = t0.set_column(t0.column_names.index(c), c, pa.chunked_array([empty]))
+    rows, report = chainrows.reassemble(ledger, t0, rollouts)
+    assert rows.num_rows == 0 and report.num_rows == len(set(ledger["rollout_id"].to_pylist()))

@@ -70,7 +70,7 @@ class Batch:
     tok_chunk: np.ndarray  # int64[C] the buffer (of tokens and logprobs) holding the call's token row; 0 without one
     tok_start: np.ndarray  # int64[C] into tokens[tok_chunk[c]], NO_TOKENS when the call has no token row
     tok_stop: np.ndarray  # int64[C]
-    tokens: tuple  # of int32 buffers, at least one (the token column's chunks, not concatenated)
+    tokens: tuple  # of int32 buffers, at least one: the values each chunk of the tokens column uses, in place
     tok_order: np.ndarray  # int64[K] every call with a token row once, in buffer order (by tok_chunk)
     has_logprobs: bool
     lp_start: np.ndarray  # int64[C] into logprobs[tok_chunk[c]], NO_TOKENS when null or no token row

@@ -29,15 +29,15 @@ def string_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | No
     types are cast to large_string first."""
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = arr.cast(pa.large_string())
+    if len(arr) == 0:  # may come without buffers, or with an empty offsets buffer
+        return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint8), None
     _, off_buf, data_buf = arr.buffers()
     wide = pa.types.is_large_string(arr.type)
-    if off_buf is None:  # an empty array may come without buffers
-        return np.zeros(len(arr) + 1, dtype=np.int64), np.zeros(0, dtype=np.uint8), None
     offsets = np.frombuffer(off_buf, dtype=np.int64 if wide else np.int32)[arr.offset:arr.offset + len(arr) + 1]
     offsets = offsets.astype(np.int64, copy=False)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    if len(offsets) != len(arr) + 1 or (len(arr) and (offsets[0] < 0 or offsets[-1] > len(data)
-                                                      or np.any(offsets[1:] < offsets[:-1]))):
+    if len(offsets) != len(arr) + 1 or offsets[0] < 0 or offsets[-1] > len(data) or \
+            np.any(offsets[1:] < offsets[:-1]):
         raise ValueError("string offsets outside the data buffer")
     valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if arr.null_count else None
     return offsets, data, valid

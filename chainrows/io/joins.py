@@ -149,7 +149,7 @@ def token_buffers(tokens: pa.Table) -> TokenBuffers:
                                                      ("lp", lp_col, np.float32, "logprobs", False)):
             if col is None:
                 continue
-            starts, stops, values = _list_parts(_merged(col, a, b), null_is_empty=null_is_empty)
+            starts, stops, values = _used_values(*_list_parts(_merged(col, a, b), null_is_empty=null_is_empty))
             parts[key][0].append(starts)
             parts[key][1].append(stops)
             parts[key][2].append(column_values(values, dtype, "tokens", name))
@@ -161,6 +161,21 @@ def token_buffers(tokens: pa.Table) -> TokenBuffers:
         return TokenBuffers(row_chunk, tok_start, tok_stop, tok_bufs, None, None, None)
     return TokenBuffers(row_chunk, tok_start, tok_stop, tok_bufs, np.concatenate(parts["lp"][0]),
                         np.concatenate(parts["lp"][1]), tuple(parts["lp"][2]))
+
+
+def _used_values(starts, stops, values):
+    """(starts, stops, values) with ``values`` cut to the range the lists use (a sliced chunk's
+    values are its parent's, whole), zero copy; NO_TOKENS ranges stay as they are."""
+    used = starts != NO_TOKENS
+    if not used.any():
+        return starts, stops, values.slice(0, 0)
+    first, last = int(starts[used].min()), int(stops[used].max())
+    if first == 0 and last == len(values):
+        return starts, stops, values
+    starts, stops = starts.copy(), stops.copy()
+    starts[used] -= first
+    stops[used] -= first
+    return starts, stops, values.slice(first, last - first)
 
 
 def _merged(col: pa.ChunkedArray, a: int, b: int) -> pa.Array:
@@ -307,8 +322,8 @@ def join_items(ro: RolloutJoin, rec: Records) -> ItemJoin:
     outputs = GroupIndex(out_off, out_parts[2], "rollouts", "output_ids", pos=out_pos)
     out_ids = outputs.first
     call_of_item = np.repeat(np.arange(C, dtype=np.int64), key_len)
-    item_ids = outputs.lookup(ro.of_call[call_of_item], item_parts[2], "ledger", "item_ids", NO_OUTPUT, pos=item_pos)
-    item_ids[item_pos < 0] = -1
+    item_ids = outputs.lookup(ro.of_call[call_of_item], item_parts[2], "ledger", "item_ids", NO_OUTPUT,
+                              pos=item_pos, null=-1)
     serving = item_ids >= 0
     identified = np.zeros(C, dtype=bool)
     identified[call_of_item[serving]] = True
@@ -395,10 +410,10 @@ class GroupIndex:
         """bool per entry: an earlier entry of its group has the same string."""
         return (self.first >= 0) & (self.first != np.arange(len(self.first)))
 
-    def lookup(self, group, values, table, column, missing, pos=None) -> np.ndarray:
+    def lookup(self, group, values, table, column, missing, pos=None, null=None) -> np.ndarray:
         """Per probe (its group, its string in ``values``, ``pos`` as for the build side): the
-        first build entry of that group with the same string, else ``missing`` (a null never
-        matches)."""
+        first build entry of that group with the same string, else ``missing``; a null probe
+        never matches and gives ``null`` (default: ``missing``)."""
         strings, probe_pos = _id_strings(values, pos, table, column)
         found = np.empty(len(probe_pos), dtype=np.int64)
         probe_groups(readonly(self.build_off), readonly(self.pos), *map(readonly, self.strings),
@@ -406,6 +421,8 @@ class GroupIndex:
                      readonly(np.ascontiguousarray(group, dtype=np.int64)), readonly(probe_pos),
                      *map(readonly, strings), found)
         found[found < 0] = missing
+        if null is not None:
+            found[probe_pos < 0] = null
         return found
 
 
