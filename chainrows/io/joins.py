@@ -86,10 +86,8 @@ class CallJoin:
 
 def join_calls(ro: RolloutJoin, tokens: pa.Table) -> CallJoin:
     index = GroupIndex(ro.call_off, ro.ledger["call_id"], "ledger", "call_id", pos=ro.call_row)
-    parent_col = one_chunk(ro.ledger["parent_id"])
-    parent = index.lookup(ro.of_call, parent_col, "ledger", "parent_id", MISSING, pos=ro.call_row)
-    if parent_col.null_count:
-        parent[ro.per_call(bools(parent_col.is_null()))] = ROOT
+    parent = index.lookup(ro.of_call, ro.ledger["parent_id"], "ledger", "parent_id", MISSING, pos=ro.call_row,
+                          null=ROOT)
     of_token = index.lookup(ro.of_token, tokens["call_id"], "tokens", "call_id", MISSING)
     return CallJoin(parent, index.later_duplicates(), of_token)
 
@@ -143,24 +141,21 @@ def token_buffers(tokens: pa.Table) -> TokenBuffers:
     tok_col = tokens["tokens"]
     lp_col = tokens["logprobs"] if "logprobs" in tokens.column_names else None
     groups = buffer_groups(tok_col, lp_col) or [(0, 0)]
-    parts = {"tok": ([], [], []), "lp": ([], [], [])}
-    for a, b in groups:
-        for key, col, dtype, name, null_is_empty in (("tok", tok_col, np.int32, "tokens", True),
-                                                     ("lp", lp_col, np.float32, "logprobs", False)):
-            if col is None:
-                continue
-            starts, stops, values = _used_values(*_list_parts(_merged(col, a, b), null_is_empty=null_is_empty))
-            parts[key][0].append(starts)
-            parts[key][1].append(stops)
-            parts[key][2].append(column_values(values, dtype, "tokens", name))
-    rows = [len(x) for x in parts["tok"][0]]
+    tok_start, tok_stop, tok_bufs = _column_buffers(tok_col, groups, np.int32, "tokens", True)
+    rows = [sum(len(c) for c in tok_col.chunks[a:b]) for a, b in groups]
     row_chunk = np.repeat(np.arange(len(groups), dtype=np.int64), rows)
-    tok_start, tok_stop, tok_bufs = (np.concatenate(parts["tok"][0]), np.concatenate(parts["tok"][1]),
-                                     tuple(parts["tok"][2]))
     if lp_col is None:
         return TokenBuffers(row_chunk, tok_start, tok_stop, tok_bufs, None, None, None)
-    return TokenBuffers(row_chunk, tok_start, tok_stop, tok_bufs, np.concatenate(parts["lp"][0]),
-                        np.concatenate(parts["lp"][1]), tuple(parts["lp"][2]))
+    return TokenBuffers(row_chunk, tok_start, tok_stop, tok_bufs,
+                        *_column_buffers(lp_col, groups, np.float32, "logprobs", False))
+
+
+def _column_buffers(col: pa.ChunkedArray, groups, dtype, name: str, null_is_empty: bool):
+    """(starts, stops, buffers) of a list column, one buffer per group of chunks; starts and
+    stops per row, into that row's buffer."""
+    parts = [_used_values(*_list_parts(_merged(col, a, b), null_is_empty=null_is_empty)) for a, b in groups]
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+            tuple(column_values(p[2], dtype, "tokens", name) for p in parts))
 
 
 def _used_values(starts, stops, values):
@@ -265,10 +260,8 @@ def join_responses(ro: RolloutJoin, rec: Records) -> ResponseJoin:
     acc_present = "accepted_response_ids" in rec.table.column_names
     index = GroupIndex(ro.call_off, ro.ledger["response_id"], "ledger", "response_id", pos=ro.call_row)
     terminal = np.full(R, ROOT, dtype=np.int64)
-    term_col = one_chunk(rec.table["terminal_response_id"])
-    given = bools(term_col.is_valid())  # null terminal_response_id: not given
-    terminal[rec.rollout[given]] = index.lookup(rec.rollout, term_col, "rollouts", "terminal_response_id",
-                                                MISSING)[given]
+    terminal[rec.rollout] = index.lookup(rec.rollout, rec.table["terminal_response_id"], "rollouts",
+                                         "terminal_response_id", MISSING, null=ROOT)  # null: not given
     has_acc = np.zeros(R, dtype=bool)
     acc_len = np.zeros(R, dtype=np.int64)
     acc_call = np.zeros(0, dtype=np.int64)
