@@ -14,8 +14,11 @@ calls) at ``--gb`` of token + logprob bytes:
   against one ``np.copyto`` of all output list bytes (input_ids + loss_mask + logprobs) between
   touched buffers, and one copy into a new Arrow buffer with the previous still alive (what the
   API's outputs get: every result is new memory, first written by the engine).
+- API with freed memory retained (``--retained``): the same, in a fresh process whose
+  allocators keep freed memory for reuse (``RETAIN_ENV``: mimalloc never purges, glibc never
+  maps an array on its own nor trims; docs/decisions-engine.md "Fresh memory on this VM").
 
-    python -m asv_benchmarks.bulk_shapes --gb 2.1 --shapes capture,shuffled --api
+    python -m asv_benchmarks.bulk_shapes --gb 2.1 --shapes capture,shuffled --api [--retained]
 """
 
 from __future__ import annotations
@@ -49,6 +52,16 @@ for name, stored in (("rows", "rows"), ("report", "report.parquet")):
     del table
 peak = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
 print(json.dumps({"seconds": t1 - t0, "peak": int(peak) * 1024}))
+"""
+
+
+RETAIN_ENV = {"MIMALLOC_PURGE_DELAY": "-1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "2147483647"}
+
+_API_CHILD = r"""
+import json, sys
+from pathlib import Path
+from asv_benchmarks.bulk_shapes import api_vs_copy
+print(json.dumps(api_vs_copy(Path(sys.argv[1]), int(sys.argv[2]))))
 """
 
 
@@ -140,8 +153,19 @@ def api_vs_copy(src: Path, repeats: int) -> dict:
             "fresh": fresh, "threads": threads, "one": times[1], "all": times[threads]}
 
 
-def api_line(r: dict) -> str:
-    return (f"  API, {r['chunks']} token chunks, {r['out_bytes'] / 1e9:.2f} GB of output lists: 1 thread "
+def api_retained(src: Path, repeats: int) -> dict:
+    """``api_vs_copy`` in a fresh process started with ``RETAIN_ENV`` (the allocators read it
+    when they load, so it cannot be set in this one)."""
+    env = {**common.probe_env(), **RETAIN_ENV}  # probe_env: chainrows and asv_benchmarks importable
+    p = subprocess.run([sys.executable, "-c", _API_CHILD, str(src), str(repeats)], capture_output=True,
+                       text=True, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr.strip()[-400:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def api_line(r: dict, label: str = "API") -> str:
+    return (f"  {label}, {r['chunks']} token chunks, {r['out_bytes'] / 1e9:.2f} GB of output lists: 1 thread "
             f"{r['one']:.2f} s = {r['one'] / r['copy']:.1f}x one copy ({r['copy']:.3f} s), "
             f"{r['one'] / r['fresh']:.1f}x one copy into fresh memory ({r['fresh']:.3f} s); {r['threads']} threads "
             f"{r['all']:.2f} s, speed-up {r['one'] / r['all']:.2f}x")
@@ -176,6 +200,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--work", default=None, help="where outputs go (default: the benchmark cache)")
     ap.add_argument("--api", action="store_true", help="also the API against the copy floor")
+    ap.add_argument("--retained", action="store_true",
+                    help="also the API in a process whose allocators keep freed memory (RETAIN_ENV)")
     a = ap.parse_args(argv)
     work = Path(a.work) if a.work else common.cache_root() / "bulk-shapes-out"
     print(f"chainrows CLI vs pyarrow floor, {a.gb:g} GB of token+logprob bytes, best of {a.repeats}, "
@@ -185,6 +211,8 @@ def main(argv=None) -> int:
         print(cli_line(r), flush=True)
         if a.api:
             print(api_line(api_vs_copy(r["src"], a.repeats)), flush=True)
+        if a.retained:
+            print(api_line(api_retained(r["src"], a.repeats), "API, freed memory retained"), flush=True)
     return 0
 
 

@@ -35,7 +35,8 @@ so read the ratios, not the absolute numbers):
    fresh process against a fresh pyarrow process that reads the three tables and writes the same
    rows and report (same codec, no dictionary), best of ``--repeats`` interleaved; and the API on
    the same tables (multi-chunk columns, build_batch included) on 1 and on all threads against one
-   copy of all output list bytes (touched buffers, and into fresh memory). The datasets are
+   copy of all output list bytes (touched buffers, and into fresh memory), and the API again in a
+   process whose allocators keep freed memory (``bulk_shapes.RETAIN_ENV``). The datasets are
    written once under the benchmark cache (minutes per shape at 2.1 GB).
 
 ``--quick`` shrinks everything (seconds, for a CI smoke test) and skips the cold compile (~40 s
@@ -490,6 +491,11 @@ def user_shapes(rep: Report, shapes: list[str], gb: float, repeats: int, tmp: Pa
                   "over one copy of the output list bytes (touched / fresh memory); target <= 4x")
         rep.ratio(f"API {shape}, {a['threads']} threads", f"{a['all']:.2f} s", f"{a['one'] / a['all']:.2f}x",
                   "speed-up over 1 thread; target >= 1.6x")
+        k = bulk_shapes.api_retained(r["src"], repeats)
+        rep.line(bulk_shapes.api_line(k, "API, freed memory retained").strip())
+        rep.ratio(f"API {shape}, 1 thread, freed memory retained", f"{k['one']:.2f} s",
+                  f"{k['one'] / k['copy']:.1f}x / {k['one'] / k['fresh']:.1f}x",
+                  "the same in a process started with bulk_shapes.RETAIN_ENV (docs/decisions-engine.md)")
 
 
 def startup(rep: Report, cold: bool, repeats: int) -> None:
