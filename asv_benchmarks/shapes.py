@@ -35,6 +35,7 @@ SHAPES = {
                   shuffle_tokens=False),
 }
 CHUNK_ROLLOUTS = 1024
+MIN_CHUNK_ROLLOUTS = 32
 GROUP_ROWS = {"ledger": 16384, "tokens": 2048, "rollouts": 4096}
 FILES_PER_TABLE = 4
 
@@ -87,9 +88,16 @@ def shaped_tables(shape: str, target_bytes: int, seed: int = 0):
     params = dict(SHAPES[shape])
     shuffle = params.pop("shuffle_tokens")
     rng = np.random.default_rng(seed)
-    parts, got, k = [], 0, 0
+    parts, got, k, per_chunk = [], 0, 0, CHUNK_ROLLOUTS
     while got < target_bytes:
-        ledger, tokens, rollouts = synth_tables(CHUNK_ROLLOUTS, seed * 100_003 + k, **params)
+        ledger, tokens, rollouts = synth_tables(per_chunk, seed * 100_003 + k, **params)
+        if k == 0 and per_chunk == CHUNK_ROLLOUTS:
+            # a target far below one chunk (a smoke run): the first chunk again, scaled to it
+            chunk_bytes = 8 * int(pc.sum(pc.list_value_length(tokens["tokens"])).as_py() or 0)
+            fewer = max(MIN_CHUNK_ROLLOUTS, -(-CHUNK_ROLLOUTS * target_bytes // max(chunk_bytes, 1)))
+            if chunk_bytes > 2 * target_bytes and fewer < CHUNK_ROLLOUTS:
+                per_chunk = fewer
+                continue
         old = pc.unique(pa.concat_arrays([c.cast(pa.string()) for c in
                                           (ledger["rollout_id"].combine_chunks(),
                                            tokens["rollout_id"].combine_chunks(),
