@@ -511,3 +511,64 @@ def test_stream_refuses_a_table_that_changed_after_its_first_pass(dataset, tmp_p
     schemas = {n: table_schema(src, n) for n in ("ledger", "tokens", "rollouts")}
     with pytest.raises(InputError, match="changed while it was read"):
         stream_windows(src, plan, schemas, lambda k, window: None)
+
+
+def test_resume_under_a_budget_too_small_for_the_interrupted_plan_starts_afresh(dataset, tmp_path, monkeypatch):
+    """A stream's work resumed under a budget below a stream's room is not resumed (the peak
+    its plan was sized for would not hold): the run plans afresh, says why, and writes the same
+    bytes."""
+    out = tmp_path / "out"
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: stream(4))
+    with pytest.raises(RuntimeError):
+        bulk.run(dataset, out, reassemble=Counted(crash_at=3))
+    assert len(list((out / bulk.WORK_DIR).glob("windows/step-*.json"))) == 2
+    monkeypatch.undo()
+    tight = planner.measure_footprint(Options(), True).baseline + (512 << 20)
+    again = Counted()
+    summary = bulk.run(dataset, out, memory_budget=tight, resume=True, reassemble=again)
+    assert summary.path == "memory" and again.calls == 1
+    assert "was not resumed" in summary.why
+    assert not (out / bulk.WORK_DIR).exists()
+    bulk.run(dataset, tmp_path / "ref", route=MEMORY)
+    assert _bytes(out) == _bytes(tmp_path / "ref")
+
+
+def test_resume_keeps_spill_buckets_only_when_they_are_as_many_as_the_budget_needs(dataset, tmp_path,
+                                                                                   monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(2))
+    with pytest.raises(RuntimeError):
+        bulk.run(dataset, out, reassemble=Counted(crash_at=2))
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(3))
+    monkeypatch.setattr(planner, "spill_buckets", lambda total, room: 3)  # a smaller budget
+    again = Counted()
+    summary = bulk.run(dataset, out, resume=True, reassemble=again)
+    assert summary.batches == 3 and again.calls == 3  # partitioned afresh into 3
+    assert "was not resumed" in summary.why
+    bulk.run(dataset, tmp_path / "ref", route=MEMORY)
+    assert _bytes(out) == _bytes(tmp_path / "ref")
+
+
+def test_resume_under_a_budget_that_still_holds_the_plan_resumes(dataset, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(3))
+    with pytest.raises(RuntimeError):
+        bulk.run(dataset, out, reassemble=Counted(crash_at=3))
+    monkeypatch.setattr(planner, "spill_buckets", lambda total, room: 3)  # exactly as many
+    again = Counted()
+    summary = bulk.run(dataset, out, resume=True, reassemble=again)
+    assert summary.batches == 3 and again.calls == 1 and summary.why.startswith("resumed")
+
+
+def test_resume_of_a_stream_whose_plan_no_longer_fits_starts_afresh(dataset, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: stream(4))
+    with pytest.raises(RuntimeError):
+        bulk.run(dataset, out, reassemble=Counted(crash_at=3))
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(2))
+    monkeypatch.setattr(planner, "stream_peak", lambda plan: float("inf"))  # a smaller room
+    again = Counted()
+    summary = bulk.run(dataset, out, resume=True, reassemble=again)
+    assert summary.path == "spill" and again.calls == 2 and "was not resumed" in summary.why
+    bulk.run(dataset, tmp_path / "ref", route=MEMORY)
+    assert _bytes(out) == _bytes(tmp_path / "ref")

@@ -19,7 +19,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -82,11 +82,16 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     room = footprint.room(memory_budget)
     out = Path(out_dir)
     work = out / WORK_DIR
-    route = route or (resumable_route(work, dataset_dir, options) if resume else None) \
-        or choose_route(dataset_dir, total, room, has_lp)
+    if route is None and resume:
+        recorded = resumable_route(work, dataset_dir, options)
+        route = recorded and fitted_route(recorded, dataset_dir, total, room, has_lp)
+        if recorded and route is None:
+            fresh = choose_route(dataset_dir, total, room, has_lp)
+            route = replace(fresh, why=f"{fresh.why}; the interrupted run's work, planned for a "
+                                       "larger budget, was not resumed")
+    route = route or choose_route(dataset_dir, total, room, has_lp)
     if route.path == "stream" and route.plan is None:
-        route = Route("stream", route.batches, route.why,
-                      plan_windows(scan(dataset_dir, has_lp), route.batches, route.resident), route.resident)
+        route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp), route.batches, route.resident))
     summary = Summary(input_bytes=total, path=route.path, why=route.why, batches=route.batches,
                       compile_seconds=footprint.compile_seconds)
     Progress.say(f"path: {summary.path_text()}", enabled=progress)
@@ -192,6 +197,19 @@ def resumable_route(work: Path, dataset_dir, options: Options) -> Route | None:
         return None
     return Route(probe["path"], int(probe["batches"]), "resumed: the interrupted run's plan",
                  resident=tuple(probe["resident"]))
+
+
+def fitted_route(route: Route, dataset_dir, total: int, room: int, has_lp: bool) -> Route | None:
+    """``route`` (an interrupted run's, from ``resumable_route``) when this run's budget still
+    holds it, else None: a stream needs the room choose_route asks of one and its plan's
+    estimated peak within the planned share; a spill needs at least the buckets this room
+    would plan (fewer are larger than it holds)."""
+    if route.path == "stream":
+        if room < planner.STREAM_MIN_ROOM:
+            return None
+        plan = plan_windows(scan(dataset_dir, has_lp), route.batches, route.resident)
+        return replace(route, plan=plan) if planner.stream_peak(plan) <= planner.SHARE * room else None
+    return route if route.batches >= planner.spill_buckets(total, room) else None
 
 
 def prepare_work(work: Path, wanted: dict, resume: bool) -> None:
