@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.io.arrays import FirstValue
+from chainrows.engine.dense import dense_codes
 from chainrows.io.dataset import iter_table_batches
-from chainrows.io.partition import check_no_collisions, string_hashes
+from chainrows.io.partition import collision_error, string_hashes
 from chainrows.io.take import take_rows
 
 LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (order of magnitude)
@@ -84,7 +84,6 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
         second.append(string_hashes(batch.column("rollout_id"), second=True))
     ro_rid = np.concatenate(rid_parts) if rid_parts else np.zeros(0, np.uint64)
     ro_grp = np.concatenate(grp_parts) if grp_parts else np.zeros(0, np.uint64)
-    group_of = FirstValue(ro_rid, ro_grp)
 
     led_rid, led_delta = [], []
     for batch in iter_table_batches(dataset_dir, "ledger", ["rollout_id", "delta_len"], SCAN_BATCH_ROWS):
@@ -98,31 +97,39 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
         tok_rid.append(string_hashes(batch.column("rollout_id")))
         second.append(string_hashes(batch.column("rollout_id"), second=True))
     tok_rid = np.concatenate(tok_rid) if tok_rid else np.zeros(0, np.uint64)
-    # second holds the rollouts, ledger and tokens rows in that order, as ro_rid, led_rid, tok_rid
-    check_no_collisions(np.concatenate([ro_rid, led_rid, tok_rid]),
-                        np.concatenate(second) if second else np.zeros(0, np.uint64))
+    # One pass numbers the rollout ids of every row (rollouts, ledger, tokens, in that order, as
+    # ``second`` holds them) and checks that no routing hash stands for two ids.
+    all_rid = np.concatenate([ro_rid, led_rid, tok_rid])
+    rid_code, rid_first, clash = dense_codes(all_rid, np.concatenate(second) if second else None)
     del second
+    if clash >= 0:
+        raise collision_error(all_rid[clash])
+    n_ro, n_led = len(ro_rid), len(led_rid)
+    led_code, tok_code = rid_code[n_ro:n_ro + n_led], rid_code[n_ro + n_led:]
 
     # token row bytes: the rollout's ledger tokens spread evenly over its token rows
     per_token = 4 + (4 if has_logprobs else 0)  # int32 token, float32 logprob
-    all_rid, rid_code = np.unique(np.concatenate([led_rid, tok_rid]), return_inverse=True)
-    led_code, tok_code = rid_code[:len(led_rid)], rid_code[len(led_rid):]
-    tokens_of = np.bincount(led_code, weights=np.clip(led_delta, 0, 1 << 31), minlength=len(all_rid))
-    rows_of = np.bincount(tok_code, minlength=len(all_rid))
+    n_rid = len(rid_first)
+    tokens_of = np.bincount(led_code, weights=np.clip(led_delta, 0, 1 << 31), minlength=n_rid)
+    rows_of = np.bincount(tok_code, minlength=n_rid)
     tok_bytes = TOKEN_ROW_BYTES + per_token * tokens_of[tok_code] / np.maximum(rows_of[tok_code], 1)
 
     # every row of a rollout follows the group of its first rollouts row (SPEC §3 step 4: only
-    # the first row counts), a repeated rollouts row included
-    groups = [group_of.get(led_rid, led_rid), group_of.get(tok_rid, tok_rid), group_of.get(ro_rid, ro_rid)]
-    uniq, codes = np.unique(np.concatenate(groups), return_inverse=True)
-    bounds = np.cumsum([0] + [len(g) for g in groups])
+    # the first row counts; rollouts rows come first in all_rid, so a rollout's first index is
+    # that row), a repeated rollouts row included; a rollout without one is a group of its own
+    has_row = rid_first < n_ro
+    group_key = all_rid[rid_first]
+    group_key[has_row] = ro_grp[rid_first[has_row]]
+    group_of_rid, group_first, _ = dense_codes(group_key)
+    codes = group_of_rid[rid_code]
+    bounds = (0, n_ro, n_ro + n_led, len(all_rid))
     return Scan(
         tables={
-            "ledger": TableScan(codes[bounds[0]:bounds[1]], np.full(len(led_rid), float(LEDGER_ROW_BYTES))),
-            "tokens": TableScan(codes[bounds[1]:bounds[2]], tok_bytes),
-            "rollouts": TableScan(codes[bounds[2]:bounds[3]], np.full(len(ro_rid), float(ROLLOUT_ROW_BYTES))),
+            "ledger": TableScan(codes[bounds[1]:bounds[2]], np.full(n_led, float(LEDGER_ROW_BYTES))),
+            "tokens": TableScan(codes[bounds[2]:bounds[3]], tok_bytes),
+            "rollouts": TableScan(codes[bounds[0]:bounds[1]], np.full(n_ro, float(ROLLOUT_ROW_BYTES))),
         },
-        n_groups=len(uniq),
+        n_groups=len(group_first),
     )
 
 

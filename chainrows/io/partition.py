@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, fnv1a_strings
+from chainrows.engine.dense import dense_codes
 from chainrows.io.arrays import FirstValue, one_chunk, string_parts
 from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_schema
 from chainrows.io.errors import InputError
@@ -47,18 +48,16 @@ def string_hashes(col, second: bool = False) -> np.ndarray:
 def check_no_collisions(first: np.ndarray, second: np.ndarray) -> None:
     """Two distinct rollout ids whose routing hashes collide would split a group across windows
     or buckets: refuse (InputError) when some ``first`` hash comes with two ``second`` hashes."""
-    if len(first) == 0:
-        return
-    # sorted by the first hash, a run of equal first hashes holding two second hashes has two
-    # neighbours that differ: one argsort, not a sort of the pairs as rows
-    order = np.argsort(first)
-    f, s = first[order], second[order]
-    clash = np.flatnonzero((f[1:] == f[:-1]) & (s[1:] != s[:-1]))
-    if len(clash):
-        raise InputError(
-            f"two distinct rollout ids share the 64-bit routing hash {int(f[clash[0]]):#018x}; "
-            "the streaming and spill paths cannot tell them apart: rename one, or give a "
-            "--memory-budget large enough for the in-memory path")
+    _, _, clash = dense_codes(first, second)
+    if clash >= 0:
+        raise collision_error(first[clash])
+
+
+def collision_error(routing_hash) -> InputError:
+    return InputError(
+        f"two distinct rollout ids share the 64-bit routing hash {int(routing_hash):#018x}; "
+        "the streaming and spill paths cannot tell them apart: rename one, or give a "
+        "--memory-budget large enough for the in-memory path")
 
 
 class Router:
