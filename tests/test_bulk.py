@@ -25,6 +25,7 @@ from outputs import OUTPUT_ENTRIES, no_outputs, output_bytes, read_outputs
 from test_properties import compare_outputs
 
 MEMORY = bulk.Route("memory", 1, "test")
+SMALLER = planner.DEFAULT_BUDGET - (1 << 30)  # a budget below the default, still a stream's
 
 
 def stream(steps, resident=()):
@@ -540,9 +541,9 @@ def test_resume_keeps_spill_buckets_only_when_they_are_as_many_as_the_budget_nee
     with pytest.raises(RuntimeError):
         bulk.run(dataset, out, reassemble=Counted(crash_at=2))
     monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(3))
-    monkeypatch.setattr(planner, "spill_buckets", lambda total, room: 3)  # a smaller budget
+    monkeypatch.setattr(planner, "spill_buckets", lambda total, room: 3)  # what the smaller room needs
     again = Counted()
-    summary = bulk.run(dataset, out, resume=True, reassemble=again)
+    summary = bulk.run(dataset, out, memory_budget=SMALLER, resume=True, reassemble=again)
     assert summary.batches == 3 and again.calls == 3  # partitioned afresh into 3
     assert "was not resumed" in summary.why
     bulk.run(dataset, tmp_path / "ref", route=MEMORY)
@@ -556,7 +557,21 @@ def test_resume_under_a_budget_that_still_holds_the_plan_resumes(dataset, tmp_pa
         bulk.run(dataset, out, reassemble=Counted(crash_at=3))
     monkeypatch.setattr(planner, "spill_buckets", lambda total, room: 3)  # exactly as many
     again = Counted()
-    summary = bulk.run(dataset, out, resume=True, reassemble=again)
+    summary = bulk.run(dataset, out, memory_budget=SMALLER, resume=True, reassemble=again)
+    assert summary.batches == 3 and again.calls == 1 and summary.why.startswith("resumed")
+
+
+@pytest.mark.parametrize("budget", [planner.DEFAULT_BUDGET, planner.DEFAULT_BUDGET * 2], ids=["same", "larger"])
+def test_resume_under_the_same_or_a_larger_budget_keeps_the_plan(dataset, tmp_path, monkeypatch, budget):
+    """The measured baseline moves a little between runs: under the budget the plan was made
+    for (or more), the plan is kept even where this run's room would plan one more bucket."""
+    out = tmp_path / "out"
+    monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(3))
+    with pytest.raises(RuntimeError):
+        bulk.run(dataset, out, reassemble=Counted(crash_at=3))
+    monkeypatch.setattr(planner, "spill_buckets", lambda total, room: 4)
+    again = Counted()
+    summary = bulk.run(dataset, out, memory_budget=budget, resume=True, reassemble=again)
     assert summary.batches == 3 and again.calls == 1 and summary.why.startswith("resumed")
 
 
@@ -566,9 +581,9 @@ def test_resume_of_a_stream_whose_plan_no_longer_fits_starts_afresh(dataset, tmp
     with pytest.raises(RuntimeError):
         bulk.run(dataset, out, reassemble=Counted(crash_at=3))
     monkeypatch.setattr(bulk.job, "choose_route", lambda *a: spill(2))
-    monkeypatch.setattr(planner, "stream_peak", lambda plan: float("inf"))  # a smaller room
+    monkeypatch.setattr(planner, "stream_peak", lambda plan: float("inf"))  # what the smaller room sees
     again = Counted()
-    summary = bulk.run(dataset, out, resume=True, reassemble=again)
+    summary = bulk.run(dataset, out, memory_budget=SMALLER, resume=True, reassemble=again)
     assert summary.path == "spill" and again.calls == 2 and "was not resumed" in summary.why
     bulk.run(dataset, tmp_path / "ref", route=MEMORY)
     assert _bytes(out) == _bytes(tmp_path / "ref")

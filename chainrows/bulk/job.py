@@ -42,7 +42,7 @@ from chainrows.options import Options
 from chainrows.progress import Progress
 
 WORK_DIR = ".chainrows-work"
-MANIFEST_VERSION = 6
+MANIFEST_VERSION = 7
 MERGE_SHARE = 16  # of the room, what the merge's buffered run batches may take
 ENCODE_SHARE = 16  # of the room, what cut row groups waiting for an encoder may take
 ENCODERS = 2
@@ -82,13 +82,16 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     room = footprint.room(memory_budget)
     out = Path(out_dir)
     work = out / WORK_DIR
-    if route is None and resume:
-        recorded = resumable_route(work, dataset_dir, options)
-        route = recorded and fitted_route(recorded, dataset_dir, total, room, has_lp)
-        if recorded and route is None:
+    if route is None and resume and (found := resumable_route(work, dataset_dir, options)):
+        recorded, recorded_budget = found
+        # a budget at least the one the plan was made under holds it (the measured baseline may
+        # move a little between runs); a smaller one must still hold it
+        route = recorded if memory_budget >= recorded_budget else \
+            route_if_it_fits(recorded, dataset_dir, total, room, has_lp)
+        if route is None:
             fresh = choose_route(dataset_dir, total, room, has_lp)
-            route = replace(fresh, why=f"{fresh.why}; the interrupted run's work, planned for a "
-                                       "larger budget, was not resumed")
+            route = replace(fresh, why=f"{fresh.why}; the interrupted run's work needs more memory "
+                                       "than this budget holds, so it was not resumed")
     route = route or choose_route(dataset_dir, total, room, has_lp)
     if route.path == "stream" and route.plan is None:
         route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp), route.batches, route.resident))
@@ -117,7 +120,7 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
         else:
             made_work = not work.exists()  # checked under the lock: this run's own, if made now
             try:
-                prepare_work(work, manifest(dataset_dir, options, route), resume)
+                prepare_work(work, manifest(dataset_dir, options, route, memory_budget), resume)
                 with (one_arrow_thread() if tight else nullcontext()):
                     ipc = planner.spill_format(out, total)
                     if route.path == "stream":
@@ -173,37 +176,47 @@ def _stream_plan(sc, room: int, resident: tuple[str, ...]):
     return None
 
 
-def manifest(dataset_dir, options: Options, route: Route) -> dict:
+def manifest(dataset_dir, options: Options, route: Route, budget: int) -> dict:
+    """What identifies a bulk job's work (input files by size and mtime, options, route), and
+    the memory budget its route was planned under (``same_job`` leaves that out)."""
     files = {}
     for name in TABLES:
         for f in table_files(dataset_dir, name):
             st = f.stat()
             files[str(f.resolve())] = [st.st_size, st.st_mtime_ns]
     return {"version": MANIFEST_VERSION, "files": files, "options": options.to_json(),
-            "path": route.path, "batches": route.batches, "resident": list(route.resident)}
+            "path": route.path, "batches": route.batches, "resident": list(route.resident),
+            "budget": int(budget)}
 
 
-def resumable_route(work: Path, dataset_dir, options: Options) -> Route | None:
-    """The route an interrupted run of the same dataset and options recorded in ``work``, so a
-    resumed job keeps its batches (the planner's choice depends on the measured baseline)."""
+def same_job(a: dict, b: dict) -> bool:
+    """Two manifests name the same job: equal in everything but the budget."""
+    return {k: v for k, v in a.items() if k != "budget"} == {k: v for k, v in b.items() if k != "budget"}
+
+
+def resumable_route(work: Path, dataset_dir, options: Options) -> tuple[Route, int] | None:
+    """The route an interrupted run of the same dataset and options recorded in ``work``, and
+    the budget it was planned under, so a resumed job keeps its batches (the planner's choice
+    depends on the measured baseline)."""
     try:
         recorded = json.loads((work / "manifest.json").read_text())
     except (OSError, ValueError):
         return None
     resident = recorded.get("resident", [])
     probe = manifest(dataset_dir, options, Route(recorded.get("path", ""), recorded.get("batches", 0), "",
-                                                 resident=tuple(resident) if isinstance(resident, list) else ()))
-    if recorded != probe or probe["path"] not in ("stream", "spill") or not set(probe["resident"]) <= set(TABLES):
+                                                 resident=tuple(resident) if isinstance(resident, list) else ()), 0)
+    if not same_job(recorded, probe) or probe["path"] not in ("stream", "spill") \
+            or not set(probe["resident"]) <= set(TABLES) or not isinstance(recorded.get("budget"), int):
         return None
-    return Route(probe["path"], int(probe["batches"]), "resumed: the interrupted run's plan",
-                 resident=tuple(probe["resident"]))
+    return (Route(probe["path"], int(probe["batches"]), "resumed: the interrupted run's plan",
+                  resident=tuple(probe["resident"])), recorded["budget"])
 
 
-def fitted_route(route: Route, dataset_dir, total: int, room: int, has_lp: bool) -> Route | None:
-    """``route`` (an interrupted run's, from ``resumable_route``) when this run's budget still
-    holds it, else None: a stream needs the room choose_route asks of one and its plan's
-    estimated peak within the planned share; a spill needs at least the buckets this room
-    would plan (fewer are larger than it holds)."""
+def route_if_it_fits(route: Route, dataset_dir, total: int, room: int, has_lp: bool) -> Route | None:
+    """``route`` (an interrupted run's, from ``resumable_route``) when this run's room holds it,
+    else None: a stream needs the room choose_route asks of one and its plan's estimated peak
+    within the planned share; a spill needs at least the buckets this room would plan (with
+    fewer, each bucket would need more than the room holds)."""
     if route.path == "stream":
         if room < planner.STREAM_MIN_ROOM:
             return None
@@ -217,7 +230,7 @@ def prepare_work(work: Path, wanted: dict, resume: bool) -> None:
     path = work / "manifest.json"
     if resume and path.exists():
         try:
-            if json.loads(path.read_text()) == wanted:
+            if same_job(json.loads(path.read_text()), wanted):
                 return
         except (OSError, ValueError):
             pass
