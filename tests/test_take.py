@@ -91,6 +91,31 @@ def test_take_rows_equals_arrow_take(list_type):
     assert got.equals(want)
 
 
+STRING_LISTS = st.lists(st.lists(st.sampled_from(["", "a", "bc", "é", "c001", "x" * 30]), max_size=5), max_size=30)
+
+
+@settings(max_examples=120, deadline=None)
+@given(rows=STRING_LISTS, data=st.data(),
+       list_type=st.sampled_from([pa.list_, pa.large_list]), string_type=st.sampled_from([pa.string(), pa.large_string()]),
+       chunk=st.integers(1, 9), null_string=st.booleans())
+def test_take_rows_on_string_lists_equals_arrow_take(rows, data, list_type, string_type, chunk, null_string):
+    """list<string> columns (call_ids, output_ids) in several chunks, sliced, with empty lists
+    and empty strings; a null string inside takes pyarrow's path, with the same result."""
+    if null_string and rows and rows[0]:
+        rows[0][0] = None
+    table = pa.table({"ids": pa.array(rows, list_type(string_type)), "n": pa.array(range(len(rows)))})
+    table = pa.Table.from_batches(table.to_batches(max_chunksize=chunk)) if rows else table
+    start = data.draw(st.integers(0, len(rows)))
+    table = table.slice(start)
+    idx = np.array(data.draw(st.lists(st.integers(0, max(table.num_rows - 1, 0)),
+                                      max_size=40 if table.num_rows else 0)), dtype=np.int64)
+    want = table.take(pa.array(idx, pa.int64()))
+    got = take_rows(table, idx)
+    assert got.schema == want.schema
+    assert got.to_pylist() == want.to_pylist()
+    got.validate(full=True)
+
+
 class _ListWriter:
     def __init__(self, fail_on=None):
         self.tables, self.closed, self.fail_on = [], 0, fail_on
@@ -124,3 +149,18 @@ def test_background_writer_raises_the_threads_error_to_the_caller():
             w.write(i)
         w.close()
     assert inner.tables == [0, 1, 2]
+
+
+def test_string_lists_without_nulls_take_the_block_copy():
+    from chainrows.io import take
+
+    table = pa.table({"ids": pa.array([["a", "bc"], [], ["d"]] * 5, pa.list_(pa.string()))})
+    calls = []
+    real = take.take_ragged_chunks
+    with mock.patch.object(take, "take_ragged_chunks", lambda *a: calls.append(1) or real(*a)):
+        got = take_rows(table, np.array([2, 0, 0, 1]))
+        assert got["ids"].to_pylist() == [["d"], ["a", "bc"], ["a", "bc"], []]
+        assert len(calls) == 2  # lengths and bytes: not pyarrow's take
+        with_null = pa.table({"ids": pa.array([["a", None]], pa.list_(pa.string()))})
+        assert take_rows(with_null, np.array([0, 0]))["ids"].to_pylist() == [["a", None]] * 2
+        assert len(calls) == 2

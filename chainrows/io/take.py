@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from chainrows.engine.ragged import take_ragged_chunks
+from chainrows.io.arrays import list_offsets, string_parts
 
 
 def _fast(col: pa.ChunkedArray) -> bool:
@@ -29,10 +30,47 @@ def _take_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
                            pa.array(new_values, t.value_type), type=t)
 
 
+def _string_list(col: pa.ChunkedArray) -> bool:
+    t = col.type
+    return ((pa.types.is_list(t) or pa.types.is_large_list(t)) and
+            (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type)) and
+            col.null_count == 0)
+
+
+def _take_string_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
+    """A list<string> column's rows ``idx``: a row's strings are a run of string lengths and a
+    run of bytes, so two block gathers (lengths, bytes) and two prefix sums rebuild it."""
+    chunks = [c for c in col.chunks if len(c)] or [col.combine_chunks()]
+    if any(c.values.null_count for c in chunks):
+        return col.take(pa.array(idx)).combine_chunks()
+    list_off, byte_off, lengths, data = [], [], [], []
+    for c in chunks:
+        lo = list_offsets(c)
+        so, bytes_, _ = string_parts(c.values)
+        list_off.append(lo)
+        byte_off.append(so[lo] - so[0])
+        lengths.append(np.diff(so))
+        data.append(bytes_[so[0]:so[-1]])
+    new_list_off, new_lengths = take_ragged_chunks(list_off, lengths, idx)
+    _, new_data = take_ragged_chunks(byte_off, data, idx)
+    t = col.type
+    wide_strings = pa.types.is_large_string(t.value_type)
+    if not wide_strings and len(new_data) > np.iinfo(np.int32).max:
+        return col.take(pa.array(idx)).combine_chunks()  # pyarrow's error, or its chunking
+    str_off = np.zeros(len(new_lengths) + 1, dtype=np.int64 if wide_strings else np.int32)
+    np.cumsum(new_lengths, out=str_off[1:])
+    strings = (pa.LargeStringArray if wide_strings else pa.StringArray).from_buffers(
+        len(new_lengths), pa.py_buffer(str_off), pa.py_buffer(new_data))
+    wide_lists = pa.types.is_large_list(t)
+    offsets = pa.array(new_list_off.astype(np.int64 if wide_lists else np.int32, copy=False))
+    return (pa.LargeListArray if wide_lists else pa.ListArray).from_arrays(offsets, strings, type=t)
+
+
 def take_rows(table: pa.Table, idx) -> pa.Table:
-    """``table.take(idx)``; list columns of numbers without nulls are gathered one block copy
-    per row, straight from each chunk (pyarrow's take builds them element by element, after
-    concatenating the chunks)."""
+    """``table.take(idx)``; list columns of numbers or strings without nulls are gathered one
+    block copy per row, straight from each chunk (pyarrow's take builds them element by
+    element, after concatenating the chunks)."""
     idx = np.asarray(idx, dtype=np.int64)
-    cols = [_take_list(c, idx) if _fast(c) else c.take(pa.array(idx)) for c in table.columns]
+    cols = [_take_list(c, idx) if _fast(c) else _take_string_list(c, idx) if _string_list(c)
+            else c.take(pa.array(idx)) for c in table.columns]
     return pa.Table.from_arrays(cols, schema=table.schema)
