@@ -9,11 +9,12 @@ from chainrows.engine.ragged import take_ragged_chunks
 from chainrows.io.arrays import list_offsets, string_parts
 
 
-def _fast(col: pa.ChunkedArray) -> bool:
+def _lists_of(col: pa.ChunkedArray, *value_kinds) -> bool:
+    """``col`` is a list or large_list column without null lists whose values pass one of
+    ``value_kinds`` (pa.types predicates)."""
     t = col.type
-    return ((pa.types.is_list(t) or pa.types.is_large_list(t)) and
-            (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)) and
-            col.null_count == 0)
+    return ((pa.types.is_list(t) or pa.types.is_large_list(t)) and col.null_count == 0 and
+            any(kind(t.value_type) for kind in value_kinds))
 
 
 def _take_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
@@ -28,13 +29,6 @@ def _take_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
     cls = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray
     return cls.from_arrays(pa.array(new_off.astype(off_type.to_pandas_dtype(), copy=False), off_type),
                            pa.array(new_values, t.value_type), type=t)
-
-
-def _string_list(col: pa.ChunkedArray) -> bool:
-    t = col.type
-    return ((pa.types.is_list(t) or pa.types.is_large_list(t)) and
-            (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type)) and
-            col.null_count == 0)
 
 
 def _take_string_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
@@ -71,6 +65,7 @@ def take_rows(table: pa.Table, idx) -> pa.Table:
     block copy per row, straight from each chunk (pyarrow's take builds them element by
     element, after concatenating the chunks)."""
     idx = np.asarray(idx, dtype=np.int64)
-    cols = [_take_list(c, idx) if _fast(c) else _take_string_list(c, idx) if _string_list(c)
+    cols = [_take_list(c, idx) if _lists_of(c, pa.types.is_integer, pa.types.is_floating)
+            else _take_string_list(c, idx) if _lists_of(c, pa.types.is_string, pa.types.is_large_string)
             else c.take(pa.array(idx)) for c in table.columns]
     return pa.Table.from_arrays(cols, schema=table.schema)
