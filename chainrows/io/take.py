@@ -17,25 +17,34 @@ def _lists_of(col: pa.ChunkedArray, *value_kinds) -> bool:
             any(kind(t.value_type) for kind in value_kinds))
 
 
-def _take_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
+def _value_chunks(col: pa.ChunkedArray) -> list[pa.Array] | None:
+    """The chunks of a list column to gather from, or None when a value is null (then pyarrow's
+    take, which keeps the validity, does it)."""
     chunks = [c for c in col.chunks if len(c)] or [col.combine_chunks()]
-    if any(c.values.null_count for c in chunks):
+    return None if any(c.values.null_count for c in chunks) else chunks
+
+
+def _list_array(t: pa.DataType, offsets: np.ndarray, values: pa.Array) -> pa.Array:
+    """A list or large_list array of type ``t`` from int64 ``offsets`` and its ``values``."""
+    wide = pa.types.is_large_list(t)
+    arr = pa.array(offsets.astype(np.int64 if wide else np.int32, copy=False))
+    return (pa.LargeListArray if wide else pa.ListArray).from_arrays(arr, values, type=t)
+
+
+def _take_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
+    chunks = _value_chunks(col)
+    if chunks is None:
         return col.take(pa.array(idx)).combine_chunks()
-    new_off, new_values = take_ragged_chunks(
-        [c.offsets.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for c in chunks],
-        [c.values.to_numpy(zero_copy_only=True) for c in chunks], idx)
-    t = col.type
-    off_type = pa.int64() if pa.types.is_large_list(t) else pa.int32()
-    cls = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray
-    return cls.from_arrays(pa.array(new_off.astype(off_type.to_pandas_dtype(), copy=False), off_type),
-                           pa.array(new_values, t.value_type), type=t)
+    new_off, new_values = take_ragged_chunks([list_offsets(c) for c in chunks],
+                                             [c.values.to_numpy(zero_copy_only=True) for c in chunks], idx)
+    return _list_array(col.type, new_off, pa.array(new_values, col.type.value_type))
 
 
 def _take_string_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
     """A list<string> column's rows ``idx``: a row's strings are a run of string lengths and a
     run of bytes, so two block gathers (lengths, bytes) and two prefix sums rebuild it."""
-    chunks = [c for c in col.chunks if len(c)] or [col.combine_chunks()]
-    if any(c.values.null_count for c in chunks):
+    chunks = _value_chunks(col)
+    if chunks is None:
         return col.take(pa.array(idx)).combine_chunks()
     list_off, byte_off, lengths, data = [], [], [], []
     for c in chunks:
@@ -47,17 +56,14 @@ def _take_string_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
         data.append(bytes_[so[0]:so[-1]])
     new_list_off, new_lengths = take_ragged_chunks(list_off, lengths, idx)
     _, new_data = take_ragged_chunks(byte_off, data, idx)
-    t = col.type
-    wide_strings = pa.types.is_large_string(t.value_type)
+    wide_strings = pa.types.is_large_string(col.type.value_type)
     if not wide_strings and len(new_data) > np.iinfo(np.int32).max:
         return col.take(pa.array(idx)).combine_chunks()  # pyarrow's error, or its chunking
     str_off = np.zeros(len(new_lengths) + 1, dtype=np.int64 if wide_strings else np.int32)
     np.cumsum(new_lengths, out=str_off[1:])
     strings = (pa.LargeStringArray if wide_strings else pa.StringArray).from_buffers(
         len(new_lengths), pa.py_buffer(str_off), pa.py_buffer(new_data))
-    wide_lists = pa.types.is_large_list(t)
-    offsets = pa.array(new_list_off.astype(np.int64 if wide_lists else np.int32, copy=False))
-    return (pa.LargeListArray if wide_lists else pa.ListArray).from_arrays(offsets, strings, type=t)
+    return _list_array(col.type, new_list_off, strings)
 
 
 def take_rows(table: pa.Table, idx) -> pa.Table:
