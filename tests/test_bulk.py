@@ -188,6 +188,36 @@ def test_runs_compressed_or_not_give_the_same_bytes(dataset, tmp_path, monkeypat
     assert kept["plain"] > kept["lz4"] > 0  # each run written as chosen
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_mapped_runs_and_buckets_outlive_their_files(tmp_path, compressed):
+    """Runs and spill parts are read through memory maps: what was read stays whole after the
+    file is deleted (as spill buckets are, while their results still hold input strings) and
+    after the file is overwritten by a later run of the same name."""
+    from chainrows.bulk.runs import run_batches, write_run
+    from chainrows.io.partition import PLAIN_IPC, SPILL_IPC, _write_part, read_bucket
+
+    ipc = SPILL_IPC if compressed else PLAIN_IPC
+    table = pa.table({"rollout_id": [f"r{i:05d}" for i in range(5000)],
+                      "input_ids": pa.array([list(range(i % 9)) for i in range(5000)], pa.list_(pa.int32()))})
+    run = tmp_path / "a.rows.arrow"
+    write_run(table, run, 700, ipc)
+    batches = list(run_batches(run))
+    assert [b.num_rows for b in batches] == [700] * 7 + [100]
+    write_run(table.slice(0, 10), run, 700, ipc)  # replaced: a new inode, the maps keep the old
+    run.unlink()
+    assert pa.Table.from_batches(batches).equals(table)
+
+    bucket = tmp_path / "bucket"
+    for name in ("ledger", "tokens", "rollouts"):
+        (bucket / name).mkdir(parents=True)
+        _write_part(bucket / name / "part-000000.arrow", table.schema, [table.slice(0, 2000)], ipc)
+        _write_part(bucket / name / "part-000001.arrow", table.schema, [table.slice(2000)], ipc)
+    read = read_bucket(bucket)
+    import shutil
+    shutil.rmtree(bucket)
+    assert all(t.equals(table) for t in read)
+
+
 def test_runs_are_compressed_only_when_the_disk_is_short(tmp_path, monkeypatch):
     from collections import namedtuple
 

@@ -121,12 +121,20 @@ def run_intact(path: Path, size: int) -> bool:
 
 
 def run_batches(path: Path):
-    """The record batches of a run, one at a time, as written."""
+    """The record batches of a run, one at a time, as written. Each batch is read through its
+    own memory map of the file: an uncompressed batch is then the page cache's pages, not a
+    copy in new memory, and its pages leave the process when the batch is freed (a map
+    opened once would keep every page read so far resident until the run is done)."""
     pool = pa.default_memory_pool()
-    with pa.OSFile(str(path), memory_pool=pool) as src:
-        reader = pa.ipc.open_file(src, memory_pool=pool)
-        for i in range(reader.num_record_batches):
-            yield reader.get_batch(i)
+    i = 0
+    while True:
+        with pa.memory_map(str(path)) as src:  # the batch's buffers keep the mapping alive
+            reader = pa.ipc.open_file(src, memory_pool=pool)
+            if i >= reader.num_record_batches:
+                return
+            batch = reader.get_batch(i)
+        yield batch
+        i += 1
 
 
 def run_schema(path: Path) -> pa.Schema:

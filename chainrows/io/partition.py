@@ -98,14 +98,15 @@ def _write_part(path: Path, schema: pa.Schema, tables: list[pa.Table], ipc: pa.i
 
 
 def read_bucket(bucket: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """A bucket's ledger, tokens and rollouts (parts in write order), read through the current
-    Arrow pool."""
+    """A bucket's ledger, tokens and rollouts (parts in write order), memory-mapped: uncompressed
+    parts are the page cache's pages, not a copy in new memory (lz4 parts are decompressed
+    into the current Arrow pool)."""
     pool = pa.default_memory_pool()
     tables = []
     for name in TABLES:
         parts = []
         for path in sorted((bucket / name).glob("part-*.arrow")):
-            with pa.OSFile(str(path), memory_pool=pool) as src:
+            with pa.memory_map(str(path)) as src:  # the tables' buffers keep the mapping alive
                 parts.append(pa.ipc.open_file(src, memory_pool=pool).read_all())
         tables.append(pa.concat_tables(parts))
     return tables[0], tables[1], tables[2]
