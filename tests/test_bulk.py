@@ -218,6 +218,22 @@ def test_mapped_runs_and_buckets_outlive_their_files(tmp_path, compressed):
     assert all(t.equals(table) for t in read)
 
 
+def test_runs_and_buckets_are_read_where_files_cannot_be_mapped(tmp_path, monkeypatch):
+    from chainrows.bulk.runs import run_batches, write_run
+    from chainrows.io.partition import PLAIN_IPC, _write_part, read_bucket
+
+    def no_mmap(path, *args, **kwargs):
+        raise OSError(f"[Errno 19] No such device: {path}")
+    monkeypatch.setattr(pa, "memory_map", no_mmap)
+    table = pa.table({"rollout_id": [f"r{i:04d}" for i in range(900)], "n": pa.array(range(900), pa.int64())})
+    write_run(table, tmp_path / "a.rows.arrow", 400, PLAIN_IPC)
+    assert pa.Table.from_batches(list(run_batches(tmp_path / "a.rows.arrow"))).equals(table)
+    for name in ("ledger", "tokens", "rollouts"):
+        (tmp_path / "b" / name).mkdir(parents=True)
+        _write_part(tmp_path / "b" / name / "part-000000.arrow", table.schema, [table], PLAIN_IPC)
+    assert all(t.equals(table) for t in read_bucket(tmp_path / "b"))
+
+
 def test_runs_are_compressed_only_when_the_disk_is_short(tmp_path, monkeypatch):
     from collections import namedtuple
 

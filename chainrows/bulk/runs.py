@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from chainrows.io.memory import release_memory
 from chainrows.io.partition import SPILL_IPC as IPC_OPTIONS
+from chainrows.io.partition import open_mapped
 from chainrows.io.take import take_rows
 
 RUN_SUFFIX = ".arrow"
@@ -128,7 +129,7 @@ def run_batches(path: Path):
     pool = pa.default_memory_pool()
     i = 0
     while True:
-        with pa.memory_map(str(path)) as src:  # the batch's buffers keep the mapping alive
+        with open_mapped(path) as src:  # the batch's buffers keep a mapping alive
             reader = pa.ipc.open_file(src, memory_pool=pool)
             if i >= reader.num_record_batches:
                 return

@@ -97,6 +97,15 @@ def _write_part(path: Path, schema: pa.Schema, tables: list[pa.Table], ipc: pa.i
             w.write_table(table)
 
 
+def open_mapped(path: Path) -> pa.NativeFile:
+    """``path`` opened for reading as a memory map, or as a plain file where the file system
+    cannot map it (the caller's reads are then copies)."""
+    try:
+        return pa.memory_map(str(path))
+    except (OSError, pa.ArrowException):
+        return pa.OSFile(str(path), memory_pool=pa.default_memory_pool())
+
+
 def read_bucket(bucket: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
     """A bucket's ledger, tokens and rollouts (parts in write order), memory-mapped: uncompressed
     parts are the page cache's pages, not a copy in new memory (lz4 parts are decompressed
@@ -106,7 +115,7 @@ def read_bucket(bucket: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
     for name in TABLES:
         parts = []
         for path in sorted((bucket / name).glob("part-*.arrow")):
-            with pa.memory_map(str(path)) as src:  # the tables' buffers keep the mapping alive
+            with open_mapped(path) as src:  # the tables' buffers keep a mapping alive
                 parts.append(pa.ipc.open_file(src, memory_pool=pool).read_all())
         tables.append(pa.concat_tables(parts))
     return tables[0], tables[1], tables[2]
