@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from chainrows.engine.align import aligned_positions
 from chainrows.engine.batch import MISSING, NO_OUTPUT, NO_TOKENS, ROOT, readonly
 from chainrows.engine.strjoin import index_groups, new_tables, probe_groups, table_offsets
 from chainrows.io.arrays import (
@@ -362,26 +363,14 @@ def join_rewards(rec: Records, n_rollouts: int) -> RewardJoin:
 
 def _aligned_positions(parts, dest_off, owners):
     """For each key slot, the position of its id in the id column's values (-1: null), and a
-    bad-length flag per owner.
+    bad-length flag per owner (chainrows.engine.align).
 
     ``parts`` = _list_parts of a column holding one id list per owner (a null list means every
     id is null; a list of the wrong length gives its owner nulls and the flag); ``owners``: the
     owner (index into ``dest_off``) of each of its rows.
     """
     starts, stops, _ = parts
-    present = starts >= 0
-    lens = np.where(present, stops - starts, 0)
-    want = dest_off[owners + 1] - dest_off[owners]
-    bad = present & (lens != want)
-    good = owners[present & ~bad]
-    shift = np.zeros(len(dest_off) - 1, dtype=np.int64)  # slot d of a good owner o: starts - dest_off[o] + d
-    shift[good] = starts[present & ~bad] - dest_off[good]
-    use = np.zeros(len(dest_off) - 1, dtype=bool)
-    use[good] = True
-    per_owner = np.diff(dest_off)
-    out = np.arange(int(dest_off[-1]), dtype=np.int64) + np.repeat(shift, per_owner)
-    out[~np.repeat(use, per_owner)] = -1
-    return out, bad
+    return aligned_positions(starts, stops, dest_off, owners)
 
 
 class GroupIndex:
