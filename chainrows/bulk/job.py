@@ -334,7 +334,8 @@ def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: 
 
 
 def _open_file_limit() -> int:
-    """The soft limit on open files (each merged run holds one open)."""
+    """The soft limit on open files (kept as a bound on the merge's fan-in: a merged run holds
+    a file open only while a batch of it is read, then a map of that batch)."""
     try:
         import resource
 

@@ -39,16 +39,18 @@ def aligned_positions(starts: np.ndarray, stops: np.ndarray, dest_off: np.ndarra
     Row ``i`` of the id column is the list ``values[starts[i]:stops[i]]`` (``starts[i] < 0``:
     a null list) of owner ``owners[i]``, whose key slots are ``dest_off[o]:dest_off[o + 1]``.
     ``positions`` int64[dest_off[-1]]: per slot, the position of its id in ``values``, -1 when
-    its owner has no row, a null list or a list of the wrong length (a later row of the same
-    owner wins). ``bad`` bool[len(owners)]: the row's list is not null and not as long as its
+    its owner has no row of the right length (an owner with several such rows takes the last;
+    null and wrong-length rows never overwrite). ``bad`` bool[len(owners)]: the row's list is not null and not as long as its
     owner's keys. Raises ValueError on owners outside ``dest_off`` or offsets out of order.
     """
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     stops = np.ascontiguousarray(stops, dtype=np.int64)
     dest_off = np.ascontiguousarray(dest_off, dtype=np.int64)
     owners = np.ascontiguousarray(owners, dtype=np.int64)
-    if not (len(starts) == len(stops) == len(owners)) or len(dest_off) < 1:
+    if not (len(starts) == len(stops) == len(owners)):
         raise ValueError("aligned_positions: starts, stops and owners differ in length")
+    if len(dest_off) < 1:
+        raise ValueError("aligned_positions: key offsets need at least one entry")
     if len(owners) and (owners.min() < 0 or owners.max() >= len(dest_off) - 1):
         raise ValueError("aligned_positions: an owner outside the key offsets")
     if dest_off[0] != 0 or np.any(np.diff(dest_off) < 0):

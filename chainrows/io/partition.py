@@ -99,7 +99,10 @@ def _write_part(path: Path, schema: pa.Schema, tables: list[pa.Table], ipc: pa.i
 
 def open_mapped(path: Path) -> pa.NativeFile:
     """``path`` opened for reading as a memory map, or as a plain file where the file system
-    cannot map it (the caller's reads are then copies)."""
+    cannot map it (the caller's reads are then copies). Buffers read from a map see the file
+    itself: a mapped file must never be rewritten in place (runs and parts are written once,
+    under names of their own, or replaced by rename), and a disk error while reading one
+    raises SIGBUS instead of an OSError."""
     try:
         return pa.memory_map(str(path))
     except (OSError, pa.ArrowException):
