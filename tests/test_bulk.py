@@ -3,6 +3,7 @@ streaming windows, spill buckets), resumable, under a memory budget."""
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -194,7 +195,7 @@ def test_mapped_runs_and_buckets_outlive_their_files(tmp_path, compressed):
     file is deleted (as spill buckets are, while their results still hold input strings) and
     after the file is overwritten by a later run of the same name."""
     from chainrows.bulk.runs import run_batches, write_run
-    from chainrows.io.partition import PLAIN_IPC, SPILL_IPC, _write_part, read_bucket
+    from chainrows.io.partition import PLAIN_IPC, SPILL_IPC, read_bucket
 
     ipc = SPILL_IPC if compressed else PLAIN_IPC
     table = pa.table({"rollout_id": [f"r{i:05d}" for i in range(5000)],
@@ -210,23 +211,18 @@ def test_mapped_runs_and_buckets_outlive_their_files(tmp_path, compressed):
     run.unlink()
     assert pa.Table.from_batches(batches).equals(table)
 
-    bucket = tmp_path / "bucket"
-    for name in ("ledger", "tokens", "rollouts"):
-        (bucket / name).mkdir(parents=True)
-        _write_part(bucket / name / "part-000000.arrow", table.schema, [table.slice(0, 2000)], ipc)
-        _write_part(bucket / name / "part-000001.arrow", table.schema, [table.slice(2000)], ipc)
+    bucket = _bucket_of(tmp_path / "bucket", [table.slice(0, 2000), table.slice(2000)], ipc)
     before = pa.total_allocated_bytes()
     read = read_bucket(bucket)
     if not compressed:
         assert pa.total_allocated_bytes() - before < table.nbytes // 4
-    import shutil
     shutil.rmtree(bucket)
     assert all(t.equals(table) for t in read)
 
 
 def test_runs_and_buckets_are_read_where_files_cannot_be_mapped(tmp_path, monkeypatch):
     from chainrows.bulk.runs import run_batches, write_run
-    from chainrows.io.partition import PLAIN_IPC, _write_part, read_bucket
+    from chainrows.io.partition import PLAIN_IPC, read_bucket
 
     def no_mmap(path, *args, **kwargs):
         raise OSError(f"[Errno 19] No such device: {path}")
@@ -234,10 +230,18 @@ def test_runs_and_buckets_are_read_where_files_cannot_be_mapped(tmp_path, monkey
     table = pa.table({"rollout_id": [f"r{i:04d}" for i in range(900)], "n": pa.array(range(900), pa.int64())})
     write_run(table, tmp_path / "a.rows.arrow", 400, PLAIN_IPC)
     assert pa.Table.from_batches(list(run_batches(tmp_path / "a.rows.arrow"))).equals(table)
+    assert all(t.equals(table) for t in read_bucket(_bucket_of(tmp_path / "b", [table], PLAIN_IPC)))
+
+
+def _bucket_of(bucket: Path, parts: list[pa.Table], ipc) -> Path:
+    """A spill bucket whose three tables are each ``parts``, one part file apiece."""
+    from chainrows.io.partition import _write_part
+
     for name in ("ledger", "tokens", "rollouts"):
-        (tmp_path / "b" / name).mkdir(parents=True)
-        _write_part(tmp_path / "b" / name / "part-000000.arrow", table.schema, [table], PLAIN_IPC)
-    assert all(t.equals(table) for t in read_bucket(tmp_path / "b"))
+        (bucket / name).mkdir(parents=True)
+        for i, part in enumerate(parts):
+            _write_part(bucket / name / f"part-{i:06d}.arrow", part.schema, [part], ipc)
+    return bucket
 
 
 def test_runs_are_compressed_only_when_the_disk_is_short(tmp_path, monkeypatch):

@@ -40,8 +40,8 @@ def aligned_positions(starts: np.ndarray, stops: np.ndarray, dest_off: np.ndarra
     a null list) of owner ``owners[i]``, whose key slots are ``dest_off[o]:dest_off[o + 1]``.
     ``positions`` int64[dest_off[-1]]: per slot, the position of its id in ``values``, -1 when
     its owner has no row of the right length (an owner with several such rows takes the last;
-    null and wrong-length rows never overwrite). ``bad`` bool[len(owners)]: the row's list is not null and not as long as its
-    owner's keys. Raises ValueError on owners outside ``dest_off`` or offsets out of order.
+    null and wrong-length rows never overwrite). ``bad`` bool[len(owners)]: the row's list is
+    not null and not as long as its owner's keys. Raises ValueError on owners outside ``dest_off`` or offsets out of order.
     """
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     stops = np.ascontiguousarray(stops, dtype=np.int64)

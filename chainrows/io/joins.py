@@ -309,8 +309,9 @@ def join_items(ro: RolloutJoin, rec: Records) -> ItemJoin:
 
     item_parts = ro.list_parts("item_ids", null_is_empty=False)
     out_parts = _list_parts(rec.table["output_ids"], null_is_empty=False)
-    item_pos, item_ids_bad_len = _aligned_positions(item_parts, key_off, np.arange(C))
-    out_pos, out_bad = _aligned_positions(out_parts, out_off, rec.rollout)
+    # per key slot, the position of its id (-1: null list, wrong length, no row); bad lengths
+    item_pos, item_ids_bad_len = aligned_positions(item_parts[0], item_parts[1], key_off, np.arange(C))
+    out_pos, out_bad = aligned_positions(out_parts[0], out_parts[1], out_off, rec.rollout)
     out_ids_bad_len = np.zeros(R, dtype=bool)
     out_ids_bad_len[rec.rollout] = out_bad
     outputs = GroupIndex(out_off, out_parts[2], "rollouts", "output_ids", pos=out_pos)
@@ -360,18 +361,6 @@ def join_rewards(rec: Records, n_rollouts: int) -> RewardJoin:
 
 
 # ---- helpers of the joins ----
-
-def _aligned_positions(parts, dest_off, owners):
-    """For each key slot, the position of its id in the id column's values (-1: null), and a
-    bad-length flag per owner (chainrows.engine.align).
-
-    ``parts`` = _list_parts of a column holding one id list per owner (a null list means every
-    id is null; a list of the wrong length gives its owner nulls and the flag); ``owners``: the
-    owner (index into ``dest_off``) of each of its rows.
-    """
-    starts, stops, _ = parts
-    return aligned_positions(starts, stops, dest_off, owners)
-
 
 class GroupIndex:
     """Exact lookup of string ids within groups (chainrows.engine.strjoin): the build strings
