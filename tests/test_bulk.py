@@ -16,6 +16,7 @@ import pytest
 from chainrows import bulk, reference
 from chainrows.api import run_tables
 from chainrows.bulk import plan as planner
+from chainrows.bulk import windows
 from chainrows.bulk.windows import plan_windows, scan
 from chainrows.io.errors import InputError
 from chainrows.io.memory import process_rss
@@ -102,7 +103,14 @@ def test_round_trip_agrees_with_reference(dataset, tmp_path):
                                    stream(5, ("tokens",)), stream(3, ("ledger", "rollouts"))],
                          ids=lambda r: f"{r.path}-{r.batches}" + "".join(f"-{n}" for n in r.resident))
 @pytest.mark.parametrize("layout", ["capture order", "shuffled"])
-def test_every_path_writes_the_same_bytes(dataset, shuffled, tmp_path, route, layout):
+@pytest.mark.parametrize("sliced", [False, True], ids=["copied", "sliced"])
+def test_every_path_writes_the_same_bytes(dataset, shuffled, tmp_path, monkeypatch, route, layout, sliced):
+    """``sliced``: a window's decided rows are zero-copy slices of what was read whatever their
+    size (the small test tables never reach the real threshold)."""
+    if sliced:
+        if route.path != "stream":
+            pytest.skip("slices are the streaming windows' own")
+        monkeypatch.setattr(windows, "MIN_BUFFER_BYTES", 1)
     src = dataset if layout == "capture order" else shuffled
     bulk.run(dataset, tmp_path / "one", route=MEMORY)
     summary = bulk.run(src, tmp_path / "many", route=route)
@@ -351,6 +359,24 @@ def test_baseline_is_the_process_rss_after_loading_kernels():
         assert fp.baseline == planner.BASE_RSS
     else:
         assert 0 < fp.baseline and abs(rss - fp.baseline) < 64 << 20
+
+
+@pytest.mark.parametrize("min_bytes", [1, 1 << 40], ids=["sliced", "copied"])
+def test_window_take_slices_long_runs_in_place_and_copies_short_ones(monkeypatch, min_bytes):
+    monkeypatch.setattr(windows, "MIN_BUFFER_BYTES", min_bytes)
+    lists = pa.array([[i] * (i % 5) for i in range(50)], pa.list_(pa.int32()))
+    table = pa.table({"id": pa.array(range(50), pa.int64()), "tokens": lists})
+    table = pa.concat_tables([table.slice(0, 20), table.slice(20)])  # two chunks, as read
+    idx = np.array([1, 2, 3, 7, 8, 19, 20, 21, 40], dtype=np.int64)
+    got = windows.take(table, idx, slices=True)
+    assert got.equals(table.take(pa.array(idx)))
+    read = {c.values.buffers()[-1].address for c in table["tokens"].chunks}  # the values as read
+    mine = {c.values.buffers()[-1].address for c in got["tokens"].chunks}
+    if min_bytes == 1:  # runs 1-3, 7-8, 19-21 (across the chunk boundary: two chunks), 40
+        assert got["tokens"].num_chunks == 5 and mine <= read
+    else:
+        assert got["tokens"].num_chunks == 1 and not mine & read
+    assert windows.take(table, idx).equals(got)  # without ``slices``: the same rows, copied
 
 
 def test_window_plan_decides_each_group_once_all_its_rows_are_read(dataset, shuffled):

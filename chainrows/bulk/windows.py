@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from chainrows.engine.dense import dense_codes
 from chainrows.io.dataset import iter_table_batches
+from chainrows.io.joins import MIN_BUFFER_BYTES
 from chainrows.io.partition import collision_error, string_hashes
 from chainrows.io.take import take_rows
 
@@ -171,11 +172,21 @@ def plan_windows(sc: Scan, steps: int, resident: tuple[str, ...] = ()) -> Window
     return WindowPlan(steps, cuts, done, np.cumsum(held_diff)[:steps], decided, read, resident, copied)
 
 
-def take(table: pa.Table, idx: np.ndarray) -> pa.Table:
+def take(table: pa.Table, idx: np.ndarray, *, slices: bool = False) -> pa.Table:
     """Rows ``idx`` (increasing) of ``table``: a slice when they are contiguous, else a block
-    copy per row (chainrows.io.take)."""
+    copy per row (chainrows.io.take). With ``slices``, rows that form runs of at least
+    MIN_BUFFER_BYTES on average (the engine uses chunks that size in place and merges smaller
+    ones, chainrows.io.joins) are instead zero-copy slices of ``table``, one chunk per run: they
+    keep ``table``'s buffers alive as long as they are."""
     if len(idx) == table.num_rows:
         return table
     if len(idx) and idx[-1] - idx[0] + 1 == len(idx):
         return table.slice(int(idx[0]), len(idx))
+    if slices and len(idx):
+        breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+        row_bytes = table.nbytes / table.num_rows
+        if len(idx) * row_bytes >= MIN_BUFFER_BYTES * (len(breaks) + 1):
+            starts = np.concatenate(([0], breaks))
+            stops = np.concatenate((breaks, [len(idx)]))
+            return pa.concat_tables([table.slice(int(idx[a]), int(b - a)) for a, b in zip(starts, stops)])
     return take_rows(table, idx)
