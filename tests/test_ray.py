@@ -434,7 +434,10 @@ def _start_head(work: Path) -> tuple[subprocess.Popen, dict]:
 
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_ADDRESS="127.0.0.1:6379")
     log = open(work / "head.log", "w")
-    head = subprocess.Popen([shutil.which("ray") or "ray", "start", "--head", "--num-cpus", "2",
+    # the interpreter's own ``ray`` first: a venv's python runs without the venv on PATH
+    beside = Path(sys.executable).with_name("ray")
+    ray_cli = str(beside) if beside.exists() else shutil.which("ray") or "ray"
+    head = subprocess.Popen([ray_cli, "start", "--head", "--num-cpus", "2",
                              "--include-dashboard=false", "--disable-usage-stats", "--block",
                              "--port", "6379", "--temp-dir", str(work / "rt")], stdout=log, stderr=log)
     import ray
