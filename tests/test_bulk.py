@@ -361,22 +361,56 @@ def test_baseline_is_the_process_rss_after_loading_kernels():
         assert 0 < fp.baseline and abs(rss - fp.baseline) < 64 << 20
 
 
-@pytest.mark.parametrize("min_bytes", [1, 1 << 40], ids=["sliced", "copied"])
-def test_window_take_slices_long_runs_in_place_and_copies_short_ones(monkeypatch, min_bytes):
-    monkeypatch.setattr(windows, "MIN_BUFFER_BYTES", min_bytes)
+def _window_table():
     lists = pa.array([[i] * (i % 5) for i in range(50)], pa.list_(pa.int32()))
     table = pa.table({"id": pa.array(range(50), pa.int64()), "tokens": lists})
-    table = pa.concat_tables([table.slice(0, 20), table.slice(20)])  # two chunks, as read
-    idx = np.array([1, 2, 3, 7, 8, 19, 20, 21, 40], dtype=np.int64)
+    return pa.concat_tables([table.slice(0, 20), table.slice(20)])  # two chunks, as read
+
+
+# runs 0-12, 14-32 (two chunks: across the chunk boundary), 34-49: 48 of 50 rows
+DECIDED = np.array([*range(0, 13), *range(14, 33), *range(34, 50)], dtype=np.int64)
+SHORT_RUNS = DECIDED[DECIDED % 6 != 1]  # 40 of 50 rows, in shorter runs
+FEW = DECIDED[(DECIDED < 30) | (DECIDED > 45)]  # 33 of 50 rows: too few to slice
+
+
+@pytest.mark.parametrize("threshold,idx,sliced", [
+    ("one byte", DECIDED, True),
+    ("decided-1", DECIDED, True),       # runs one byte over the threshold on average
+    ("decided+1", DECIDED, False),      # one byte short on average, though the total is far more
+    ("decided-1", SHORT_RUNS, False),   # shorter runs on average: copied
+    ("one byte", FEW, False),           # long enough runs, but too few of the rows
+], ids=["sliced", "above-threshold", "below-threshold", "short-runs", "too-few-rows"])
+def test_window_take_slices_long_runs_of_nearly_all_rows_and_copies_the_rest(monkeypatch, threshold, idx, sliced):
+    table = _window_table()
+    row_bytes = table.nbytes / table.num_rows
+
+    def runs(rows):
+        return int((np.diff(rows) != 1).sum()) + 1
+
+    average = len(DECIDED) * row_bytes / runs(DECIDED)
+    monkeypatch.setattr(windows, "MIN_BUFFER_BYTES",
+                        {"one byte": 1, "decided-1": average - 1, "decided+1": average + 1}[threshold])
     got = windows.take(table, idx, slices=True)
     assert got.equals(table.take(pa.array(idx)))
     read = {c.values.buffers()[-1].address for c in table["tokens"].chunks}  # the values as read
     mine = {c.values.buffers()[-1].address for c in got["tokens"].chunks}
-    if min_bytes == 1:  # runs 1-3, 7-8, 19-21 (across the chunk boundary: two chunks), 40
-        assert got["tokens"].num_chunks == 5 and mine <= read
+    if sliced:
+        assert got["tokens"].num_chunks == runs(idx) + 1 and mine <= read  # + 1: the chunk boundary
     else:
         assert got["tokens"].num_chunks == 1 and not mine & read
     assert windows.take(table, idx).equals(got)  # without ``slices``: the same rows, copied
+
+
+def test_streaming_windows_slice_what_they_can_and_write_the_same_bytes(dataset, tmp_path, monkeypatch):
+    """The slicing branch runs on a real stream (threshold lowered: the test tables are small)."""
+    calls = []
+    real = windows._runs_as_slices
+    monkeypatch.setattr(windows, "MIN_BUFFER_BYTES", 1)
+    monkeypatch.setattr(windows, "_runs_as_slices", lambda *a: calls.append(1) or real(*a))
+    bulk.run(dataset, tmp_path / "one", route=MEMORY)
+    bulk.run(dataset, tmp_path / "many", route=stream(3))
+    assert calls
+    assert _bytes(tmp_path / "many") == _bytes(tmp_path / "one")
 
 
 def test_window_plan_decides_each_group_once_all_its_rows_are_read(dataset, shuffled):

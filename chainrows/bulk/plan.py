@@ -126,7 +126,8 @@ def stream_peak(plan) -> float:
     """Estimated peak above the baseline of a streaming plan, at its worst step: the rows held,
     the decided window's working memory, the previous window's output still being written,
     and the next step's rows read meanwhile; for resident tables, the rows of this window and
-    of the next (built meanwhile) copied out of them, on top of the tables held."""
+    of the next (built meanwhile) copied out of them (at most: some are sliced), on top of the
+    tables held."""
     if plan.steps == 0:
         return 0.0
     previous = np.concatenate(([0.0], plan.decided[:-1]))

@@ -91,7 +91,7 @@ class Windows:
             for table, done in pieces:
                 here, later = np.flatnonzero(done == k), np.flatnonzero(done > k)
                 if len(here):
-                    now.append(take(table, here, slices=True))  # decided now, freed with the window
+                    now.append(take(table, here, slices=name == "tokens"))  # freed with the window
                 if len(later):  # a resident piece is kept whole: copying its rest every step
                     held.append((table, done) if resident else (take(table, later), done[later]))
             self._held[name] = held

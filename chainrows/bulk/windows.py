@@ -33,6 +33,7 @@ LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (o
 ROLLOUT_ROW_BYTES = 200
 TOKEN_ROW_BYTES = 64     # a token row in Arrow without its lists' values: ids, offsets
 SCAN_BATCH_ROWS = 1 << 16
+SLICE_SPARE = 4  # sliced rows may leave at most a quarter of their piece's rows unused (kept alive)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class WindowPlan:
     groups decided then / read then. ``resident``: tables read whole at step 0 and counted as
     held until the last step (their record batches are freed only once fully decided);
     ``copied[k]``: bytes of their rows decided at step ``k``, copied into that window on top of
-    what is held."""
+    what is held (an upper bound: runs of them that fill a record batch are sliced, ``take``)."""
 
     steps: int
     cuts: dict[str, np.ndarray]
@@ -174,19 +175,26 @@ def plan_windows(sc: Scan, steps: int, resident: tuple[str, ...] = ()) -> Window
 
 def take(table: pa.Table, idx: np.ndarray, *, slices: bool = False) -> pa.Table:
     """Rows ``idx`` (increasing) of ``table``: a slice when they are contiguous, else a block
-    copy per row (chainrows.io.take). With ``slices``, rows that form runs of at least
-    MIN_BUFFER_BYTES on average (the engine uses chunks that size in place and merges smaller
-    ones, chainrows.io.joins) are instead zero-copy slices of ``table``, one chunk per run: they
-    keep ``table``'s buffers alive as long as they are."""
+    copy per row (chainrows.io.take). With ``slices``, rows that are nearly all of ``table``
+    (all but at most 1 / SLICE_SPARE of its rows) and form runs of at least MIN_BUFFER_BYTES on
+    average (estimated from ``table``'s bytes per row; the engine uses chunks that size in
+    place and merges smaller ones, chainrows.io.joins) are instead zero-copy slices, one chunk
+    per run: they keep all of ``table``'s buffers alive as long as they are, which the first
+    condition keeps to little more than the rows taken."""
     if len(idx) == table.num_rows:
         return table
     if len(idx) and idx[-1] - idx[0] + 1 == len(idx):
         return table.slice(int(idx[0]), len(idx))
-    if slices and len(idx):
+    if slices and len(idx) and (table.num_rows - len(idx)) * SLICE_SPARE <= table.num_rows:
         breaks = np.flatnonzero(np.diff(idx) != 1) + 1
-        row_bytes = table.nbytes / table.num_rows
-        if len(idx) * row_bytes >= MIN_BUFFER_BYTES * (len(breaks) + 1):
-            starts = np.concatenate(([0], breaks))
-            stops = np.concatenate((breaks, [len(idx)]))
-            return pa.concat_tables([table.slice(int(idx[a]), int(b - a)) for a, b in zip(starts, stops)])
+        if len(idx) * (table.nbytes / table.num_rows) >= MIN_BUFFER_BYTES * (len(breaks) + 1):
+            return _runs_as_slices(table, idx, breaks)
     return take_rows(table, idx)
+
+
+def _runs_as_slices(table: pa.Table, idx: np.ndarray, breaks: np.ndarray) -> pa.Table:
+    """Rows ``idx`` of ``table``, whose runs of consecutive rows start at ``breaks``, as one
+    slice of ``table`` per run."""
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [len(idx)]))
+    return pa.concat_tables([table.slice(int(idx[a]), int(b - a)) for a, b in zip(starts, stops)])
