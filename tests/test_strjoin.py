@@ -11,6 +11,7 @@ from chainrows.engine.batch import readonly
 from chainrows.engine.strjoin import (
     index_groups, index_groups_py, new_tables, probe_groups, probe_groups_py, table_offsets,
 )
+from chainrows.engine.threads import run
 from chainrows.io.arrays import offsets_from_lengths, string_parts
 
 # few distinct ids (many equal ones), some sharing a prefix or differing only in length
@@ -33,12 +34,14 @@ def run_kernels(build_off, build_ids, probe_group, probe_ids, string_type=pa.str
     tab_off = table_offsets(build_off)
     slot, slot_hash = new_tables(tab_off)
     first = np.empty(len(build_ids), dtype=np.int64)
-    index_groups(readonly(build_off), readonly(pos), readonly(soff), readonly(data), readonly(tab_off),
-                 slot, slot_hash, first)
+    # one item per chunk, split over the threads: a part that strayed outside its chunks shows
+    run(index_groups, np.arange(len(build_off), dtype=np.int64), readonly(build_off), readonly(pos),
+        readonly(soff), readonly(data), readonly(tab_off), slot, slot_hash, first)
     found = np.empty(len(probe_ids), dtype=np.int64)
-    probe_groups(readonly(build_off), readonly(pos), readonly(soff), readonly(data), readonly(tab_off),
-                 readonly(slot), readonly(slot_hash), readonly(np.asarray(probe_group, dtype=np.int64)),
-                 readonly(ppos), readonly(psoff), readonly(pdata), found)
+    run(probe_groups, np.arange(len(probe_ids) + 1, dtype=np.int64), readonly(build_off), readonly(pos),
+        readonly(soff), readonly(data), readonly(tab_off), readonly(slot), readonly(slot_hash),
+        readonly(np.asarray(probe_group, dtype=np.int64)), readonly(ppos), readonly(psoff), readonly(pdata),
+        found)
     return first.tolist(), found.tolist()
 
 

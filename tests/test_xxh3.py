@@ -1,8 +1,8 @@
 """chainrows.engine.xxh3 against the xxhash package, bit for bit.
 
 Two kernel signatures in total, so a cold CI run compiles little: xxh3_64_tokens(int32[::1], int64,
-int64, uint64) from Python, and hash_deltas(int32[::1], int64[:], int64[:], uint64[:]), which does
-the bulk of the comparisons. Seeds are always passed as np.uint64 (a Python int would type as int64
+int64, uint64) from Python, and hash_deltas's kernel _hash_runs(int64[::1], int32[::1], int64[::1], int64[::1], uint64[::1],
+uint64[::1]), which does the bulk of the comparisons. Seeds are always passed as np.uint64 (a Python int would type as int64
 below 2**63 and compile a second signature).
 """
 

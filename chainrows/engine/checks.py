@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
-from chainrows.engine._jit import pjit, jit
+from chainrows.engine._jit import jit
 from chainrows.reasons import (
     D_CAPTURE_FAILED, D_DUP_CALL_ID, D_DUP_RESPONSE_ID, D_DUP_ROLLOUT, D_DUP_TOKEN_ROW,
     D_LEN_ITEM_IDS, D_LEN_OUTPUT_IDS, D_NO_CALLS, D_NO_ROLLOUT_RECORD, D_REWARD_INF,
@@ -21,12 +20,12 @@ def _first_set(flags, a, b):
     return -1
 
 
-@pjit
+@jit
 def rollout_checks(chunks, call_off, has_record, dup_record, reward, reward_null, out_ids_bad_len,
                    failed, dup_call_id, dup_response_id, dup_tokens, item_ids_bad_len,
                    detail, bad_call):
     """Write the first failing detail id of steps 1–4b (and its call) for every rollout."""
-    for k in prange(len(chunks) - 1):
+    for k in range(len(chunks) - 1):
         for r in range(chunks[k], chunks[k + 1]):
             a = call_off[r]
             b = call_off[r + 1]

@@ -1,4 +1,5 @@
-"""Work split for parallel kernels: contiguous rollout ranges of about equal weight."""
+"""Work split for the kernels run on several threads (chainrows.engine.threads): contiguous
+ranges of items (rollouts, calls, strings) of about equal weight."""
 
 from __future__ import annotations
 
@@ -22,3 +23,10 @@ def balanced_chunks(weight_off: np.ndarray, n_chunks: int | None = None) -> np.n
     inner = np.searchsorted(weight_off, targets, side="left").astype(np.int64)
     bounds = np.concatenate(([0], inner, [R])).astype(np.int64)
     return np.unique(bounds)  # sorted, no empty chunks
+
+
+def even_chunks(n: int) -> np.ndarray:
+    """Chunk bounds over ``n`` items of equal weight: int64[k+1] from 0 to n, ``CHUNKS_PER_THREAD``
+    chunks per thread (at most n), none empty."""
+    k = max(1, min(n, CHUNKS_PER_THREAD * numba.get_num_threads()))
+    return np.unique(np.linspace(0, n, k + 1).astype(np.int64))

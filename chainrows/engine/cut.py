@@ -9,9 +9,8 @@ The forest cut writes a new ``sel`` (a call shared by several chains appears in 
 
 from __future__ import annotations
 
-from numba import prange
 
-from chainrows.engine._jit import jit, pjit
+from chainrows.engine._jit import jit
 from chainrows.reasons import (
     D_FIRST_NOT_ROOT, D_MULTIPLE_ROOTS, D_NO_LEAF, D_PARENT_NOT_PREVIOUS,
     D_PARENT_NOT_SELECTED_BEFORE, D_SEVERAL_LEAVES,
@@ -19,10 +18,10 @@ from chainrows.reasons import (
 )
 
 
-@pjit
+@jit
 def cut_chains(chunks, detail, bad_call, sel_off, sel, sel_len, parent, chain_start, n_chains):
     """cc mode: a root starts a chain; a non-root must continue the selected call just before it."""
-    for kk in prange(len(chunks) - 1):
+    for kk in range(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):
             if detail[r] != 0:
                 continue
@@ -46,7 +45,7 @@ def cut_chains(chunks, detail, bad_call, sel_off, sel, sel_len, parent, chain_st
                 n_chains[r] = n
 
 
-@pjit
+@jit
 def terminal_chain(chunks, detail, bad_call, call_off, parent, terminal, marks,
                    sel, sel_len, chain_start, n_chains):
     """Ordinary mode: one chain from the terminal (or the unique leaf) up to the root.
@@ -54,7 +53,7 @@ def terminal_chain(chunks, detail, bad_call, call_off, parent, terminal, marks,
     The chain goes to sel[call_off[r]:] root first. ``marks`` is uint8[C] scratch, zero on entry:
     bit 1 = is some call's parent, bit 2 = visited by the walk.
     """
-    for kk in prange(len(chunks) - 1):
+    for kk in range(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):
             if detail[r] != 0:
                 continue
@@ -150,9 +149,9 @@ def forest_chains(chunks, detail, bad_call, sel_off, sel, sel_len, parent, marks
     in that list. Per call: ``pos`` its selection slot; ``marks`` uint8 zero on entry: bit 1
     selected so far, bit 2 parent of a selected call, bit 4 written to a chain already.
 
-    One thread (@jit, not @pjit): ~1.5 ms per 4,096 synth rollouts, under 3% of decide+gather;
-    two parallel launches cost more than that on a busy 2-core machine (7 ms each measured
-    under load), and parfors lowering would add to the cold compile.
+    Called on one thread (not through chainrows.engine.threads): ~1.5 ms per 4,096 synth
+    rollouts, under 3% of decide+gather; two parallel launches cost more than that on a busy
+    2-core machine (7 ms each measured under load).
     """
     for kk in range(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):

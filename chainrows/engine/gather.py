@@ -10,9 +10,8 @@ with mask 0. A chain starts where ``chain_start & 1``.
 
 from __future__ import annotations
 
-from numba import prange
 
-from chainrows.engine._jit import jit, pjit
+from chainrows.engine._jit import jit
 
 
 @jit(inline="always")
@@ -29,11 +28,11 @@ def _fill(dst, value):
         dst[i] = value
 
 
-@pjit
+@jit
 def row_sizes(chunks, ok, placeholders, row_off, sel_off, sel, sel_len, chain_start, delta_len,
               gen_len, row_len, row_ncalls, row_prompt, row_segment, loss_tokens):
     """Pass 1: per row its token count, call count, prompt_len and segment; per rollout loss tokens."""
-    for kk in prange(len(chunks) - 1):
+    for kk in range(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):
             w = row_off[r]
             if not ok[r]:
@@ -62,14 +61,14 @@ def row_sizes(chunks, ok, placeholders, row_off, sel_off, sel, sel_len, chain_st
             loss_tokens[r] = loss
 
 
-@pjit
+@jit
 def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off, sel, sel_len,
               chain_start, delta_len, gen_len, has_logprobs, input_ids, loss_mask, out_logprobs,
               row_calls, call_dst):
     """Pass 2: loss_mask, the call lists (``row_calls``) and where each listed call's delta goes
     (``call_dst``, aligned with row_calls); placeholder rows whole. The deltas themselves are
     copied by :func:`copy_deltas`, one buffer at a time."""
-    for kk in prange(len(chunks) - 1):
+    for kk in range(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):
             w = row_off[r]
             if not ok[r]:
@@ -101,11 +100,11 @@ def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off,
                 t += d
 
 
-@pjit
+@jit
 def copy_deltas(chunks, entries, row_calls, call_dst, src_start, delta_len, src, dst):
     """For each m in ``entries`` (split by ``chunks``): c = row_calls[m], d = delta_len[c];
     dst[call_dst[m]:call_dst[m] + d] = src[src_start[c]:src_start[c] + d]."""
-    for kk in prange(len(chunks) - 1):
+    for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
             m = entries[j]
             c = row_calls[m]

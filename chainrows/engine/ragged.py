@@ -9,38 +9,29 @@ row's bytes as one block (docs/decisions-engine.md).
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
-from chainrows.engine._jit import jit, pjit
+from chainrows.engine._jit import jit
 from chainrows.engine.batch import readonly
 from chainrows.engine.buffers import empty
+from chainrows.engine.chunks import even_chunks
+from chainrows.engine.threads import run
 
-CHUNKS = 64
-# Below this many bytes a copy runs on the calling thread: a parallel region must wake every
-# worker, and while other threads keep the cores busy (the Parquet encoders of a merge) each
+# Below this many bytes a copy runs on the calling thread: several threads must all be woken, and while other threads keep the cores busy (the Parquet encoders of a merge) each
 # wake-up waits for a time slice, far longer than a small copy (docs/decisions-engine.md).
 PARALLEL_MIN_BYTES = 16 << 20
 
 
 @jit
-def _scatter_rows(src_off, content, rows, dst, width, out, lo, hi):
-    """Copy rows ``rows[lo:hi]`` of the ragged bytes (``src_off`` in items of ``width``
-    bytes, ``content`` uint8) to ``out`` at byte ``dst[j] * width`` each."""
-    for j in range(lo, hi):
+def _scatter_rows(chunks, src_off, content, rows, dst, width, out):
+    """Copy rows ``rows[chunks[0]:chunks[-1]]`` of the ragged bytes (``src_off`` in items of
+    ``width`` bytes, ``content`` uint8) to ``out`` at byte ``dst[j] * width`` each."""
+    for j in range(chunks[0], chunks[-1]):
         s = src_off[rows[j]] * width
         d = dst[j] * width
         src = content[s:s + (src_off[rows[j] + 1] - src_off[rows[j]]) * width]
         target = out[d:d + len(src)]
         for i in range(len(src)):
             target[i] = src[i]
-
-
-@pjit
-def _scatter(src_off, content, rows, dst, width, out):
-    """``_scatter_rows`` over all of ``rows``, split across Numba's threads."""
-    n = len(rows)
-    for kk in prange(CHUNKS):
-        _scatter_rows(src_off, content, rows, dst, width, out, kk * n // CHUNKS, (kk + 1) * n // CHUNKS)
 
 
 def _checked_offsets(offsets: np.ndarray, content: np.ndarray) -> np.ndarray:
@@ -89,7 +80,7 @@ def take_ragged_chunks(offsets: list[np.ndarray], contents: list[np.ndarray],
             args = (readonly(o), readonly(np.ascontiguousarray(content).view(np.uint8)),
                     readonly(np.ascontiguousarray(local[sel])), readonly(dst_off[sel]), width, out)
             if lengths[sel].sum() * width >= PARALLEL_MIN_BYTES:
-                _scatter(*args)
+                run(_scatter_rows, even_chunks(len(sel)), *args)
             else:
-                _scatter_rows(*args, 0, len(sel))
+                _scatter_rows(np.array([0, len(sel)], dtype=np.int64), *args)
     return dst_off, out.view(dtype)

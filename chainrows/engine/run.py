@@ -19,6 +19,7 @@ from chainrows.engine.cut import cut_chains, forest_chains, terminal_chain
 from chainrows.engine.gather import copy_deltas, fill_rows, row_sizes
 from chainrows.engine import select
 from chainrows.engine.select import select_calls
+from chainrows.engine.threads import run
 from chainrows.engine.verify import data_checks, mark_chain_calls, verify_chains
 from chainrows.options import Options
 
@@ -131,42 +132,42 @@ def decide(batch: Batch, options: Options = Options()) -> Decisions:
     detail = np.zeros(R, dtype=np.int32)
     bad_call = np.full(R, -1, dtype=np.int64)
     bad_pos = np.full(R, -1, dtype=np.int64)
-    rollout_checks(chunks, b.call_off, b.has_record, b.dup_record, b.reward, b.reward_null,
-                   b.out_ids_bad_len, b.failed, b.dup_call_id, b.dup_response_id, b.dup_tokens,
-                   b.item_ids_bad_len, detail, bad_call)
+    run(rollout_checks, chunks, b.call_off, b.has_record, b.dup_record, b.reward, b.reward_null,
+        b.out_ids_bad_len, b.failed, b.dup_call_id, b.dup_response_id, b.dup_tokens, b.item_ids_bad_len,
+        detail, bad_call)
     n_chains = np.zeros(R, dtype=np.int64)
     sel_len = np.zeros(R, dtype=np.int64)
     if options.mode == "cc":
         sel_off = b.out_off
         sel = np.full(len(b.out_keys), -1, dtype=np.int64)
         chain_start = np.zeros(len(b.out_keys), dtype=np.uint8)
-        select_calls(chunks, detail, bad_pos, bad_call, b.out_off, b.out_keys, b.out_ids,
-                     b.out_served, b.terminal, b.has_acc, b.acc_off, b.acc_call, b.cand_off, b.cand_len,
-                     b.cand_hash, b.cand_call, b.call_off, b.parent, b.identified, b.key_off, b.item_keys,
-                     b.item_ids, sel, sel_len, np.zeros(C, dtype=np.uint8), select.LINEAR_MAX)
+        run(select_calls, chunks, detail, bad_pos, bad_call, b.out_off, b.out_keys, b.out_ids, b.out_served,
+            b.terminal, b.has_acc, b.acc_off, b.acc_call, b.cand_off, b.cand_len, b.cand_hash, b.cand_call,
+            b.call_off, b.parent, b.identified, b.key_off, b.item_keys, b.item_ids, sel, sel_len,
+            np.zeros(C, dtype=np.uint8), select.LINEAR_MAX)
         num_selected = sel_len.copy()
         if options.plan == "forest":
             sel_off, sel, sel_len, chain_start = _forest(chunks, detail, bad_call, sel_off, sel,
                                                          sel_len, b.parent, n_chains)
         else:
-            cut_chains(chunks, detail, bad_call, sel_off, sel, sel_len, b.parent, chain_start, n_chains)
+            run(cut_chains, chunks, detail, bad_call, sel_off, sel, sel_len, b.parent, chain_start,
+                n_chains)
     else:
         sel_off = b.call_off
         sel = np.full(C, -1, dtype=np.int64)
         chain_start = np.zeros(C, dtype=np.uint8)
-        terminal_chain(chunks, detail, bad_call, b.call_off, b.parent, b.terminal,
-                       np.zeros(C, dtype=np.uint8), sel, sel_len, chain_start, n_chains)
+        run(terminal_chain, chunks, detail, bad_call, b.call_off, b.parent, b.terminal,
+            np.zeros(C, dtype=np.uint8), sel, sel_len, chain_start, n_chains)
         num_selected = sel_len.copy()
     need = np.zeros(C, dtype=np.uint8)
-    mark_chain_calls(chunks, detail, sel_off, sel, sel_len, need)
+    run(mark_chain_calls, chunks, detail, sel_off, sel, sel_len, need)
     status = np.zeros(C, dtype=np.int32)
     for k, order_chunks in enumerate(_order_chunks(b)):
-        data_checks(order_chunks, b.tok_order, need, b.parent, b.chain_hash, b.integrity_bad, b.gen_len,
-                    b.tok_start, b.tok_stop, b.tokens[k], b.has_logprobs, b.lp_start, b.lp_stop,
-                    b.logprobs[k], status)
-    verify_chains(chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, b.parent,
-                  b.prev_len, b.delta_len, b.gen_len, b.tok_start, b.tok_stop, b.has_logprobs,
-                  b.lp_start, b.lp_stop, status)
+        run(data_checks, order_chunks, b.tok_order, need, b.parent, b.chain_hash, b.integrity_bad,
+            b.gen_len, b.tok_start, b.tok_stop, b.tokens[k], b.has_logprobs, b.lp_start, b.lp_stop,
+            b.logprobs[k], status)
+    run(verify_chains, chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, b.parent, b.prev_len,
+        b.delta_len, b.gen_len, b.tok_start, b.tok_stop, b.has_logprobs, b.lp_start, b.lp_stop, status)
     n_chains[detail != 0] = 0
     return Decisions(detail, bad_call, bad_pos, sel_off, sel, sel_len, chain_start, n_chains, num_selected)
 
@@ -188,8 +189,8 @@ def gather_rows(batch: Batch, dec: Decisions, options: Options = Options()) -> R
     prompt = np.zeros(N, dtype=np.int32)
     segment = np.zeros(N, dtype=np.int32)
     loss_tokens = np.zeros(R, dtype=np.int64)
-    row_sizes(chunks, ok, placeholders, row_off, dec.sel_off, dec.sel, dec.sel_len, dec.chain_start,
-              b.delta_len, b.gen_len, row_len, row_ncalls, prompt, segment, loss_tokens)
+    run(row_sizes, chunks, ok, placeholders, row_off, dec.sel_off, dec.sel, dec.sel_len, dec.chain_start,
+        b.delta_len, b.gen_len, row_len, row_ncalls, prompt, segment, loss_tokens)
     tok_off = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(row_len, out=tok_off[1:])
     call_off = np.zeros(N + 1, dtype=np.int64)
@@ -200,15 +201,17 @@ def gather_rows(batch: Batch, dec: Decisions, options: Options = Options()) -> R
     logprobs = empty(T if b.has_logprobs else 0, np.float32)
     row_calls = empty(int(call_off[-1]), np.int64)
     call_dst = np.empty(len(row_calls), dtype=np.int64)
-    fill_rows(chunks, ok, placeholders, row_off, tok_off, call_off, dec.sel_off, dec.sel, dec.sel_len,
-              dec.chain_start, b.delta_len, b.gen_len, b.has_logprobs, input_ids, loss_mask, logprobs,
-              row_calls, call_dst)
+    run(fill_rows, chunks, ok, placeholders, row_off, tok_off, call_off, dec.sel_off, dec.sel, dec.sel_len,
+        dec.chain_start, b.delta_len, b.gen_len, b.has_logprobs, input_ids, loss_mask, logprobs, row_calls,
+        call_dst)
     ro_calls, ro_dst = readonly(row_calls), readonly(call_dst)
     for k, (entries, copy_chunks) in enumerate(_copy_chunks(b, row_calls)):
         entries = readonly(entries)
-        copy_deltas(copy_chunks, entries, ro_calls, ro_dst, b.tok_start, b.delta_len, b.tokens[k], input_ids)
+        run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.tok_start, b.delta_len, b.tokens[k],
+            input_ids)
         if b.has_logprobs:
-            copy_deltas(copy_chunks, entries, ro_calls, ro_dst, b.lp_start, b.delta_len, b.logprobs[k], logprobs)
+            run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.lp_start, b.delta_len, b.logprobs[k],
+                logprobs)
     row_rollout = np.repeat(np.arange(R, dtype=np.int64), rows_per)
     return RowArrays(row_off, row_rollout, segment, rows_per[row_rollout].astype(np.int32), prompt,
                      tok_off, input_ids, loss_mask, logprobs if b.has_logprobs else None, call_off,

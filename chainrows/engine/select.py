@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import prange
 
-from chainrows.engine._jit import jit, pjit
+from chainrows.engine._jit import jit
 from chainrows.engine.batch import readonly
+from chainrows.engine.chunks import even_chunks
+from chainrows.engine.threads import run
 from chainrows.reasons import (
     D_ACCEPTED, D_AMBIGUOUS, D_NO_OUTPUT, D_OUT_OF_ORDER, D_TERMINAL_NOT_LAST, D_UNMATCHED,
 )
@@ -46,10 +47,10 @@ def window_hash(keys, start, n):
     return h
 
 
-@pjit
-def call_key_hashes(key_off, item_keys, out):
-    """out[c] = window_hash of call c's item keys."""
-    for c in prange(len(key_off) - 1):
+@jit
+def call_key_hashes(chunks, key_off, item_keys, out):
+    """out[c] = window_hash of call c's item keys, for c in chunks[0]:chunks[-1]."""
+    for c in range(chunks[0], chunks[-1]):
         out[c] = window_hash(item_keys, key_off[c], key_off[c + 1] - key_off[c])
 
 
@@ -114,7 +115,7 @@ def build_candidates(call_off: np.ndarray, key_off: np.ndarray, item_keys: np.nd
     bounds checks)."""
     key_len = np.diff(key_off)
     whole = np.empty(len(key_len), dtype=np.uint64)
-    call_key_hashes(readonly(key_off), readonly(item_keys), whole)
+    run(call_key_hashes, even_chunks(len(whole)), readonly(key_off), readonly(item_keys), whole)
     off = np.zeros(len(call_off), dtype=np.int64)
     np.cumsum(np.bincount(call_rollout[key_len > 0], minlength=len(call_off) - 1), out=off[1:])
     call = np.empty(int(off[-1]), dtype=np.int64)
@@ -210,7 +211,7 @@ def _mark_ancestors(r, call_off, parent, identified, terminal, anc):
                 c = parent[c]
 
 
-@pjit
+@jit
 def select_calls(chunks, detail, bad_pos, bad_call, out_off, out_keys, out_ids, out_served,
                  terminal, has_acc, acc_off, acc_call, cand_off, cand_len, cand_hash, cand_call,
                  call_off, parent, identified, key_off, item_keys, item_ids,
@@ -220,7 +221,7 @@ def select_calls(chunks, detail, bad_pos, bad_call, out_off, out_keys, out_ids, 
     ``anc`` is uint8[C] scratch, zero on entry (each rollout only touches its own calls).
     ``linear_max``: rollouts with at most this many candidates skip the index (see LINEAR_MAX).
     """
-    for kk in prange(len(chunks) - 1):
+    for kk in range(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):
             if detail[r] != 0:
                 continue

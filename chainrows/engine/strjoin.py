@@ -12,9 +12,8 @@ Plain-Python definitions (used by the tests): :func:`index_groups_py`, :func:`pr
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
-from chainrows.engine._jit import jit, pjit
+from chainrows.engine._jit import jit
 from chainrows.engine.strhash import FNV_OFFSET, fnv1a
 
 
@@ -59,10 +58,10 @@ def _slot_of(tb, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, psoff
         s = (s + np.uint64(1)) & mask
 
 
-@pjit
-def index_groups(build_off, build_pos, soff, data, tab_off, slot, slot_hash, first):
+@jit
+def index_groups(chunks, build_off, build_pos, soff, data, tab_off, slot, slot_hash, first):
     """first[i] = the first build entry of i's group whose string equals i's (i itself when
-    none before it), -1 where build_pos[i] < 0.
+    none before it), -1 where build_pos[i] < 0; for the groups chunks[0]:chunks[-1].
 
     build_off int64[G+1]: group g's build entries are build_off[g]:build_off[g+1].
     build_pos int64[B]: each entry's string in (soff int64[n+1], data uint8[...]), -1 null.
@@ -70,7 +69,7 @@ def index_groups(build_off, build_pos, soff, data, tab_off, slot, slot_hash, fir
     [tab_off[-1]]: from :func:`new_tables`, filled here (slot: entry - build_off[g]).
     first int64[B]: out.
     """
-    for g in prange(len(build_off) - 1):
+    for g in range(chunks[0], chunks[-1]):
         b0 = build_off[g]
         tb = tab_off[g]
         mask = np.uint64(tab_off[g + 1] - tb - 1)
@@ -90,13 +89,14 @@ def index_groups(build_off, build_pos, soff, data, tab_off, slot, slot_hash, fir
                 first[i] = b0 + slot[at]
 
 
-@pjit
-def probe_groups(build_off, build_pos, soff, data, tab_off, slot, slot_hash, probe_group, probe_pos,
-                 psoff, pdata, found):
+@jit
+def probe_groups(chunks, build_off, build_pos, soff, data, tab_off, slot, slot_hash, probe_group,
+                 probe_pos, psoff, pdata, found):
     """found[j] = the first build entry of group probe_group[j] whose string equals probe j's
     (probe_pos[j] in psoff/pdata); -1 when there is none, the probe is null (pos < 0) or its
-    group is < 0. The build arguments are those given to :func:`index_groups`."""
-    for j in prange(len(probe_pos)):
+    group is < 0; for the probes chunks[0]:chunks[-1]. The build arguments are those given to
+    :func:`index_groups`."""
+    for j in range(chunks[0], chunks[-1]):
         g = probe_group[j]
         v = probe_pos[j]
         found[j] = -1

@@ -15,9 +15,8 @@ walks the chains in SPEC order and reads each call's result.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
-from chainrows.engine._jit import jit, pjit
+from chainrows.engine._jit import jit
 from chainrows.engine.xxh3 import xxh3_64_tokens
 from chainrows.reasons import (
     D_HASH, D_INTEGRITY, D_LEN_CHILD_PREV, D_LEN_GEN, D_LEN_LOGPROBS, D_LEN_ROOT_PREV, D_LEN_TOKENS,
@@ -130,10 +129,10 @@ def _check_logprobs(c, gen_len, lp_start, lp_stop, logprobs):
     return 0
 
 
-@pjit
+@jit
 def mark_chain_calls(chunks, detail, sel_off, sel, sel_len, need):
     """need[c] = 1 for every call in a chain of a rollout still ok (need: uint8[C], zero on entry)."""
-    for kk in prange(len(chunks) - 1):
+    for kk in range(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):
             if detail[r] == 0:
                 s = sel_off[r]
@@ -141,7 +140,7 @@ def mark_chain_calls(chunks, detail, sel_off, sel, sel_len, need):
                     need[sel[s + i]] = 1
 
 
-@pjit
+@jit
 def data_checks(chunks, tok_order, need, parent, chain_hash, integrity_bad, gen_len, tok_start, tok_stop,
                 tokens, has_logprobs, lp_start, lp_stop, logprobs, status):
     """status[c] = the first failing of checks 14–15 (0: none) for every needed call whose ranges
@@ -150,7 +149,7 @@ def data_checks(chunks, tok_order, need, parent, chain_hash, integrity_bad, gen_
     Hashes first, then logprobs, in two sweeps: one buffer streamed at a time reads ~1.7x
     faster than alternating between the two (1 GB batch: 70 vs 120 ms).
     """
-    for kk in prange(len(chunks) - 1):
+    for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
             c = tok_order[j]
             if need[c] and _data_ranges_ok(c, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_stop):
@@ -163,11 +162,11 @@ def data_checks(chunks, tok_order, need, parent, chain_hash, integrity_bad, gen_
                     status[c] = _check_logprobs(c, gen_len, lp_start, lp_stop, logprobs)
 
 
-@pjit
+@jit
 def verify_chains(chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, parent, prev_len,
                   delta_len, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_stop, status):
     """Steps 11–15 on every chain of every rollout still ok; 14–15 read from data_checks' status."""
-    for kk in prange(len(chunks) - 1):
+    for kk in range(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):
             if detail[r] != 0:
                 continue

@@ -50,12 +50,13 @@ import sys
 
 import numpy as np
 from llvmlite import ir
-from numba import prange
 from numba.core import cgutils, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from chainrows.engine._jit import jit, pjit
+from chainrows.engine._jit import jit
+from chainrows.engine.chunks import even_chunks
+from chainrows.engine.threads import run
 
 __all__ = ["xxh3_64_tokens", "hash_deltas"]
 
@@ -444,11 +445,17 @@ def xxh3_64_tokens(tokens, start, stop, seed):
     return _hash_short(p, n, s)
 
 
-@pjit
-def hash_deltas(tokens, starts, stops, seeds):
-    """out[i] = xxh3_64_tokens(tokens, starts[i], stops[i], seeds[i]) as a uint64 array, in parallel."""
-    m = starts.shape[0]
-    out = np.empty(m, dtype=np.uint64)
-    for i in prange(m):
+@jit
+def _hash_runs(chunks, tokens, starts, stops, seeds, out):
+    """out[i] = xxh3_64_tokens(tokens, starts[i], stops[i], seeds[i]) for i in chunks[0]:chunks[-1]."""
+    for i in range(chunks[0], chunks[-1]):
         out[i] = xxh3_64_tokens(tokens, starts[i], stops[i], seeds[i])
+
+
+def hash_deltas(tokens, starts, stops, seeds):
+    """uint64 array: out[i] = xxh3_64_tokens(tokens, starts[i], stops[i], seeds[i]), on all
+    threads (the engine's own hashing runs inside verify.data_checks; this is for tests and
+    benchmarks). ``starts``/``stops`` int64 within ``tokens``, ``seeds`` uint64: not checked."""
+    out = np.empty(len(starts), dtype=np.uint64)
+    run(_hash_runs, even_chunks(len(out)), tokens, starts, stops, seeds, out)
     return out

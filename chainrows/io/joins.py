@@ -20,7 +20,9 @@ import pyarrow.compute as pc
 
 from chainrows.engine.align import aligned_positions
 from chainrows.engine.batch import MISSING, NO_OUTPUT, NO_TOKENS, ROOT, readonly
+from chainrows.engine.chunks import balanced_chunks, even_chunks
 from chainrows.engine.strjoin import index_groups, new_tables, probe_groups, table_offsets
+from chainrows.engine.threads import run
 from chainrows.io.arrays import (
     list_offsets, offsets_from_lengths, offsets_from_owner, one_chunk, range_index, string_parts,
 )
@@ -374,8 +376,9 @@ class GroupIndex:
         self.tab_off = table_offsets(build_off)
         self.slot, self.slot_hash = new_tables(self.tab_off)
         self.first = np.empty(len(self.pos), dtype=np.int64)
-        index_groups(readonly(build_off), readonly(self.pos), *map(readonly, self.strings),
-                     readonly(self.tab_off), self.slot, self.slot_hash, self.first)
+        groups = balanced_chunks(build_off + np.arange(len(build_off)))  # a group costs 1 + its entries
+        run(index_groups, groups, readonly(build_off), readonly(self.pos), *map(readonly, self.strings),
+            readonly(self.tab_off), self.slot, self.slot_hash, self.first)
 
     def later_duplicates(self) -> np.ndarray:
         """bool per entry: an earlier entry of its group has the same string."""
@@ -387,10 +390,10 @@ class GroupIndex:
         never matches and gives ``null`` (default: ``missing``)."""
         strings, probe_pos = _id_strings(values, pos, table, column)
         found = np.empty(len(probe_pos), dtype=np.int64)
-        probe_groups(readonly(self.build_off), readonly(self.pos), *map(readonly, self.strings),
-                     readonly(self.tab_off), readonly(self.slot), readonly(self.slot_hash),
-                     readonly(np.ascontiguousarray(group, dtype=np.int64)), readonly(probe_pos),
-                     *map(readonly, strings), found)
+        run(probe_groups, even_chunks(len(found)), readonly(self.build_off), readonly(self.pos),
+            *map(readonly, self.strings), readonly(self.tab_off), readonly(self.slot),
+            readonly(self.slot_hash), readonly(np.ascontiguousarray(group, dtype=np.int64)),
+            readonly(probe_pos), *map(readonly, strings), found)
         found[found < 0] = missing
         if null is not None:
             found[probe_pos < 0] = null

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from chainrows.engine.batch import readonly
-from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, fnv1a_strings
+from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, hash_strings
 from chainrows.engine.dense import dense_codes
 from chainrows.io.arrays import FirstValue, one_chunk, string_parts
 from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_schema
@@ -39,10 +39,8 @@ def string_hashes(col, second: bool = False) -> np.ndarray:
     if len(arr) == 0:
         return np.zeros(0, dtype=np.uint64)
     offsets, data, _ = string_parts(arr)
-    out = np.empty(len(arr), dtype=np.uint64)
-    fnv1a_strings(readonly(np.ascontiguousarray(offsets)), readonly(data),
-                  SECOND_OFFSET if second else FNV_OFFSET, out)
-    return out
+    return hash_strings(readonly(np.ascontiguousarray(offsets)), readonly(data),
+                        SECOND_OFFSET if second else FNV_OFFSET)
 
 
 def check_no_collisions(first: np.ndarray, second: np.ndarray) -> None:

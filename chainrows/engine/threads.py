@@ -1,0 +1,76 @@
+"""Run a serial kernel on several threads, each thread on one contiguous part of its chunks.
+
+Kernels are compiled without ``parallel=True``: Numba's parallel lowering compiles every
+kernel's loop body a second time, as a gufunc, and doubled the cold compile for no run-time
+gain here (docs/decisions-engine.md "Threads"). Instead every kernel that splits its work takes
+``chunks`` first (int64 bounds over its items: rollouts, calls, strings) and does the items of
+``chunks[0]:chunks[-1]``, chunk by chunk; jitted with ``nogil=True``, its call releases the GIL,
+so plain Python threads run the parts side by side.
+
+Thread count: ``numba.get_num_threads()``, as for Numba's own parallel kernels
+(``NUMBA_NUM_THREADS``, ``numba.set_num_threads``, the CLI's ``--threads``). Parts are split
+statically, the first run by the calling thread, as Numba's parfors scheduler splits a prange.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_PID = -1
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The kernel threads (NUMBA_NUM_THREADS - 1 of them; the caller is the last one). A forked
+    child gets a new pool: the parent's threads do not exist there."""
+    global _POOL, _POOL_PID
+    with _POOL_LOCK:
+        if _POOL is None or _POOL_PID != os.getpid():
+            workers = max(1, numba.config.NUMBA_NUM_THREADS - 1)
+            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chainrows-kernel")
+            _POOL_PID = os.getpid()
+        return _POOL
+
+
+def parts(n_chunks: int, n_threads: int) -> list[tuple[int, int]]:
+    """``n_threads`` contiguous (first, last) chunk-index ranges covering ``n_chunks`` chunks
+    (fewer when there are fewer chunks), each of ``n_chunks // n_threads`` or one more."""
+    n = max(1, min(n_threads, n_chunks))
+    cuts = [i * n_chunks // n for i in range(n + 1)]
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
+def run(kernel, chunks: np.ndarray, *args) -> None:
+    """``kernel(chunks[a:b + 1], *args)`` for each part (a, b) of :func:`parts`, one part per
+    thread, all finished on return. The parts must write disjoint outputs (the kernels' own
+    contract: a chunk's items write only their own slots). An error in any part is raised
+    after every part has stopped."""
+    n_chunks = len(chunks) - 1
+    if n_chunks <= 0:
+        return
+    split = parts(n_chunks, numba.get_num_threads())
+    if len(split) == 1:
+        kernel(chunks, *args)
+        return
+    pool = _pool()
+    futures = [pool.submit(kernel, chunks[a:b + 1], *args) for a, b in split[1:]]
+    error = None
+    try:
+        a, b = split[0]
+        kernel(chunks[a:b + 1], *args)
+    except BaseException as err:  # noqa: BLE001 - re-raised once the other parts are done
+        error = err
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as err:  # noqa: BLE001
+            error = error or err
+    if error is not None:
+        raise error
+

@@ -1,0 +1,144 @@
+"""chainrows.engine.threads: serial kernels run over parts of their chunks on several threads."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import signal
+import threading
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import chainrows.engine
+from chainrows.engine._jit import jit
+from chainrows.engine.chunks import even_chunks
+from chainrows.engine.threads import parts, run
+
+
+@jit
+def _count_items(chunks, hits):
+    for kk in range(len(chunks) - 1):
+        for i in range(chunks[kk], chunks[kk + 1]):
+            hits[i] += 1
+
+
+@given(n_chunks=st.integers(1, 200), n_threads=st.integers(1, 9))
+def test_parts_cover_every_chunk_once_in_order_and_evenly(n_chunks, n_threads):
+    split = parts(n_chunks, n_threads)
+    assert len(split) == min(n_chunks, n_threads)
+    assert split[0][0] == 0 and split[-1][1] == n_chunks
+    assert all(a == b for (_, a), (b, _) in zip(split, split[1:]))  # contiguous
+    sizes = [b - a for a, b in split]
+    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [0, 1, 5, 1000])
+def test_run_does_every_item_once(threads, n):
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        hits = np.zeros(n, dtype=np.int64)
+        run(_count_items, even_chunks(n), hits)
+        assert np.array_equal(hits, np.ones(n, dtype=np.int64))
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 threads")
+def test_parts_run_on_two_threads_and_an_error_waits_for_the_others():
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    seen, done = [], threading.Event()
+
+    def kernel(chunks, _):
+        seen.append((threading.get_ident(), int(chunks[0]), int(chunks[-1])))
+        if chunks[0] == 0:
+            raise ValueError("first part fails")
+        done.wait(5)  # the other part still runs when the first has failed
+        seen.append("second part finished")
+
+    def finish_later():
+        threading.Timer(0.2, done.set).start()
+
+    try:
+        finish_later()
+        with pytest.raises(ValueError, match="first part fails"):
+            run(kernel, np.array([0, 3, 6, 9], dtype=np.int64), None)
+        assert seen[-1] == "second part finished"  # run returned only after it
+        starts = sorted((s for s in seen if isinstance(s, tuple)), key=lambda s: s[1])
+        assert [(a, b) for _, a, b in starts] == [(0, 3), (3, 9)]
+        assert starts[0][0] != starts[1][0]  # two threads
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or numba.config.NUMBA_NUM_THREADS < 2, reason="needs fork, 2 threads")
+def test_a_forked_child_gets_its_own_kernel_threads():
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        run(_count_items, even_chunks(100), np.zeros(100, dtype=np.int64))  # the parent's pool exists
+        pid = os.fork()
+        if pid == 0:  # child: the parent's threads are gone; a stale pool would hang here
+            signal.alarm(20)
+            hits = np.zeros(100, dtype=np.int64)
+            run(_count_items, even_chunks(100), hits)
+            os._exit(0 if hits.sum() == 100 else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_no_kernel_is_compiled_parallel():
+    """parallel=True compiles a kernel's loop body twice and doubled the cold compile; kernels
+    that split work go through chainrows.engine.threads instead."""
+    dispatchers = []
+    for info in pkgutil.iter_modules(chainrows.engine.__path__):
+        module = importlib.import_module(f"chainrows.engine.{info.name}")
+        dispatchers += [v for v in vars(module).values() if isinstance(v, numba.core.registry.CPUDispatcher)]
+    assert len(dispatchers) > 20
+    assert [d.py_func.__name__ for d in dispatchers if d.targetoptions.get("parallel")] == []
+
+
+def _probe_args():
+    """Tiny arguments for strjoin.probe_groups: one group holding "a", one probe of "a"."""
+    from chainrows.engine.batch import readonly
+    from chainrows.engine.strjoin import index_groups, new_tables, table_offsets
+
+    build_off = np.array([0, 1], dtype=np.int64)
+    pos = np.array([0], dtype=np.int64)
+    soff, data = np.array([0, 1], dtype=np.int64), np.frombuffer(b"a", dtype=np.uint8).copy()
+    tab_off = table_offsets(build_off)
+    slot, slot_hash = new_tables(tab_off)
+    index_groups(np.array([0, 1], dtype=np.int64), readonly(build_off), readonly(pos), readonly(soff),
+                 readonly(data), readonly(tab_off), slot, slot_hash, np.empty(1, dtype=np.int64))
+    found = np.full(1, -7, dtype=np.int64)
+    args = (np.array([0, 1], dtype=np.int64), readonly(build_off), readonly(pos), readonly(soff),
+            readonly(data), readonly(tab_off), readonly(slot), readonly(slot_hash),
+            readonly(np.zeros(1, dtype=np.int64)), readonly(pos), readonly(soff), readonly(data), found)
+    return args, found
+
+
+def test_kernel_pipeline_drops_the_reference_counts_of_inlined_helpers():
+    """Without the copy-propagation pass every array passed to an inlined helper costs an atomic
+    incref/decref per call (docs/decisions-engine.md "Threads"); with it, none are left."""
+    from chainrows.engine._jit import OPTIONS
+    from chainrows.engine.strjoin import probe_groups
+
+    counts = {}
+    for name, options in (("plain", {k: v for k, v in OPTIONS.items() if k != "pipeline_class"}),
+                          ("chainrows", OPTIONS)):
+        kernel = numba.njit(**{**options, "cache": False})(probe_groups.py_func)
+        args, found = _probe_args()
+        kernel(*args)
+        assert found.tolist() == [0]
+        counts[name] = sum(ir.count("call void @NRT_incref") for ir in kernel.inspect_llvm().values())
+    assert counts["plain"] > 0  # the pass has something to remove here
+    assert counts["chainrows"] == 0
