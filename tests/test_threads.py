@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import chainrows.engine
+import chainrows
 from chainrows.engine._jit import jit
 from chainrows.engine.chunks import even_chunks
 from chainrows.engine.threads import parts, run
@@ -40,8 +40,10 @@ def test_parts_cover_every_chunk_once_in_order_and_evenly(n_chunks, n_threads):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n", [0, 1, 5, 1000])
 def test_run_does_every_item_once(threads, n):
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"needs {threads} threads")
     before = numba.get_num_threads()
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(threads)
     try:
         hits = np.zeros(n, dtype=np.int64)
         run(_count_items, even_chunks(n), hits)
@@ -100,45 +102,56 @@ def test_no_kernel_is_compiled_parallel():
     """parallel=True compiles a kernel's loop body twice and doubled the cold compile; kernels
     that split work go through chainrows.engine.threads instead."""
     dispatchers = []
-    for info in pkgutil.iter_modules(chainrows.engine.__path__):
-        module = importlib.import_module(f"chainrows.engine.{info.name}")
+    for info in pkgutil.walk_packages(chainrows.__path__, "chainrows."):
+        if info.name.startswith("chainrows.ray") or info.name.endswith("__main__"):  # Ray: optional
+            continue
+        module = importlib.import_module(info.name)
         dispatchers += [v for v in vars(module).values() if isinstance(v, numba.core.registry.CPUDispatcher)]
     assert len(dispatchers) > 20
     assert [d.py_func.__name__ for d in dispatchers if d.targetoptions.get("parallel")] == []
 
 
-def _probe_args():
-    """Tiny arguments for strjoin.probe_groups: one group holding "a", one probe of "a"."""
-    from chainrows.engine.batch import readonly
-    from chainrows.engine.strjoin import index_groups, new_tables, table_offsets
 
-    build_off = np.array([0, 1], dtype=np.int64)
-    pos = np.array([0], dtype=np.int64)
-    soff, data = np.array([0, 1], dtype=np.int64), np.frombuffer(b"a", dtype=np.uint8).copy()
-    tab_off = table_offsets(build_off)
-    slot, slot_hash = new_tables(tab_off)
-    index_groups(np.array([0, 1], dtype=np.int64), readonly(build_off), readonly(pos), readonly(soff),
-                 readonly(data), readonly(tab_off), slot, slot_hash, np.empty(1, dtype=np.int64))
-    found = np.full(1, -7, dtype=np.int64)
-    args = (np.array([0, 1], dtype=np.int64), readonly(build_off), readonly(pos), readonly(soff),
-            readonly(data), readonly(tab_off), readonly(slot), readonly(slot_hash),
-            readonly(np.zeros(1, dtype=np.int64)), readonly(pos), readonly(soff), readonly(data), found)
-    return args, found
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 threads")
+def test_helper_threads_inherit_the_callers_thread_count():
+    """Numba's count is per thread (a new one starts at NUMBA_NUM_THREADS): the bulk path's
+    reader and keeper threads take the caller's, so --threads 1 reaches their kernels."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from chainrows.engine.threads import inherit_threads
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(1) as plain, ThreadPoolExecutor(1, **inherit_threads()) as inheriting:
+            assert plain.submit(numba.get_num_threads).result() == numba.config.NUMBA_NUM_THREADS
+            assert inheriting.submit(numba.get_num_threads).result() == 1
+    finally:
+        numba.set_num_threads(before)
 
 
-def test_kernel_pipeline_drops_the_reference_counts_of_inlined_helpers():
-    """Without the copy-propagation pass every array passed to an inlined helper costs an atomic
-    incref/decref per call (docs/decisions-engine.md "Threads"); with it, none are left."""
-    from chainrows.engine._jit import OPTIONS
-    from chainrows.engine.strjoin import probe_groups
+def test_parts_run_on_the_caller_when_no_thread_can_be_started(monkeypatch):
+    """After interpreter shutdown has begun, ThreadPoolExecutor.submit raises RuntimeError: the
+    parts it refused run on the calling thread, and the ones it took are still waited for."""
+    from chainrows.engine import threads
 
-    counts = {}
-    for name, options in (("plain", {k: v for k, v in OPTIONS.items() if k != "pipeline_class"}),
-                          ("chainrows", OPTIONS)):
-        kernel = numba.njit(**{**options, "cache": False})(probe_groups.py_func)
-        args, found = _probe_args()
-        kernel(*args)
-        assert found.tolist() == [0]
-        counts[name] = sum(ir.count("call void @NRT_incref") for ir in kernel.inspect_llvm().values())
-    assert counts["plain"] > 0  # the pass has something to remove here
-    assert counts["chainrows"] == 0
+    class HalfShutDown:
+        def __init__(self):
+            self.real, self.taken = threads.ThreadPoolExecutor(1), 0
+
+        def submit(self, fn, *args):
+            if self.taken:
+                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+            self.taken += 1
+            return self.real.submit(fn, *args)
+
+    pool = HalfShutDown()
+    monkeypatch.setattr(threads, "_pool", lambda: pool)
+    monkeypatch.setattr(threads, "parts", lambda n_chunks, n_threads: [(0, 1), (1, 2), (2, 3)])
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 3)
+    hits = np.zeros(30, dtype=np.int64)
+    try:
+        run(_count_items, np.array([0, 10, 20, 30], dtype=np.int64), hits)
+    finally:
+        pool.real.shutdown()
+    assert pool.taken == 1 and np.array_equal(hits, np.ones(30, dtype=np.int64))

@@ -32,6 +32,7 @@ from chainrows.bulk.spill import partition_once, reassemble_buckets, summary_of
 from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
 from chainrows.bulk.windows import plan_windows, scan
+from chainrows.engine.threads import inherit_threads
 from chainrows.io.dataset import TABLES, read_dataset, table_files, table_schema
 from chainrows.io.errors import InputError
 from chainrows.io.memory import one_arrow_thread, process_peak_rss
@@ -274,7 +275,7 @@ def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, i
         bar.advance(1)
 
     bar.advance(len(done))
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="chainrows-keep") as keeper:
+    with ThreadPoolExecutor(1, thread_name_prefix="chainrows-keep", **inherit_threads()) as keeper:
         pending = []
 
         def one(k, window):  # decide window k while window k - 1's runs are written

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from chainrows.bulk.windows import WindowPlan, take
+from chainrows.engine.threads import inherit_threads
 from chainrows.io.dataset import TABLES, iter_table_batches
 from chainrows.io.errors import InputError
 
@@ -105,7 +106,7 @@ def stream_windows(dataset_dir, plan: WindowPlan, schemas: dict[str, pa.Schema],
     are read on a second thread meanwhile (Parquet decoding releases the GIL). Steps in
     ``skip`` are read (their rows must be passed) but not decided."""
     windows = Windows(dataset_dir, plan, schemas)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="chainrows-read") as pool:
+    with ThreadPoolExecutor(1, thread_name_prefix="chainrows-read", **inherit_threads()) as pool:
         ahead = pool.submit(windows.step, 0) if plan.steps else None
         for k in range(plan.steps):
             window = ahead.result()

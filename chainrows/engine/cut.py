@@ -150,8 +150,8 @@ def forest_chains(chunks, detail, bad_call, sel_off, sel, sel_len, parent, marks
     selected so far, bit 2 parent of a selected call, bit 4 written to a chain already.
 
     Called on one thread (not through chainrows.engine.threads): ~1.5 ms per 4,096 synth
-    rollouts, under 3% of decide+gather; two parallel launches cost more than that on a busy
-    2-core machine (7 ms each measured under load).
+    rollouts, under 3% of decide+gather; handing parts to other threads on a busy 2-core machine
+    cost more than that (7 ms per parallel launch measured under load with Numba's threads).
     """
     for kk in range(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):

@@ -16,8 +16,9 @@ from chainrows.engine.buffers import empty
 from chainrows.engine.chunks import even_chunks
 from chainrows.engine.threads import run
 
-# Below this many bytes a copy runs on the calling thread: several threads must all be woken, and while other threads keep the cores busy (the Parquet encoders of a merge) each
-# wake-up waits for a time slice, far longer than a small copy (docs/decisions-engine.md).
+# Below this many bytes a copy runs on the calling thread: a part handed to another thread waits
+# for a time slice while other threads keep the cores busy (the Parquet encoders of a merge),
+# far longer than a small copy takes (docs/decisions-engine.md).
 PARALLEL_MIN_BYTES = 16 << 20
 
 

@@ -7,8 +7,10 @@ gain here (docs/decisions-engine.md "Threads"). Instead every kernel that splits
 ``chunks[0]:chunks[-1]``, chunk by chunk; jitted with ``nogil=True``, its call releases the GIL,
 so plain Python threads run the parts side by side.
 
-Thread count: ``numba.get_num_threads()``, as for Numba's own parallel kernels
-(``NUMBA_NUM_THREADS``, ``numba.set_num_threads``, the CLI's ``--threads``). Parts are split
+Thread count: the calling thread's ``numba.get_num_threads()``, as for Numba's own parallel
+kernels. Numba's setting is per thread: ``numba.set_num_threads`` (the CLI's ``--threads``) sets
+it for the thread that calls it, a new thread starts at ``NUMBA_NUM_THREADS``, and helper
+threads that call kernels take their creator's through :func:`inherit_threads`. Parts are split
 statically, the first run by the calling thread, as Numba's parfors scheduler splits a prange.
 """
 
@@ -22,19 +24,26 @@ import numba
 import numpy as np
 
 _POOL: ThreadPoolExecutor | None = None
-_POOL_PID = -1
 _POOL_LOCK = threading.Lock()
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads (and a lock one of them may hold) do not exist."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _pool() -> ThreadPoolExecutor:
-    """The kernel threads (NUMBA_NUM_THREADS - 1 of them; the caller is the last one). A forked
-    child gets a new pool: the parent's threads do not exist there."""
-    global _POOL, _POOL_PID
+    """The kernel threads: NUMBA_NUM_THREADS - 1 of them (the caller is the last one)."""
+    global _POOL
     with _POOL_LOCK:
-        if _POOL is None or _POOL_PID != os.getpid():
+        if _POOL is None:
             workers = max(1, numba.config.NUMBA_NUM_THREADS - 1)
             _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chainrows-kernel")
-            _POOL_PID = os.getpid()
         return _POOL
 
 
@@ -58,19 +67,33 @@ def run(kernel, chunks: np.ndarray, *args) -> None:
     if len(split) == 1:
         kernel(chunks, *args)
         return
+    futures, here = [], [split[0]]
     pool = _pool()
-    futures = [pool.submit(kernel, chunks[a:b + 1], *args) for a, b in split[1:]]
+    for a, b in split[1:]:
+        try:
+            futures.append(pool.submit(kernel, chunks[a:b + 1], *args))
+        except RuntimeError:  # the interpreter is shutting down: no new threads, run it here
+            here.append((a, b))
     error = None
     try:
-        a, b = split[0]
-        kernel(chunks[a:b + 1], *args)
+        for a, b in here:
+            kernel(chunks[a:b + 1], *args)
     except BaseException as err:  # noqa: BLE001 - re-raised once the other parts are done
         error = err
     for f in futures:
-        try:
-            f.result()
-        except BaseException as err:  # noqa: BLE001
-            error = error or err
+        while True:  # an interrupt while waiting must not leave the part running unwaited
+            try:
+                f.result()
+            except BaseException as err:  # noqa: BLE001
+                error = error or err
+            if f.done():
+                break
     if error is not None:
         raise error
 
+
+def inherit_threads() -> dict:
+    """Keyword arguments for a ``ThreadPoolExecutor`` whose threads call kernels: they start with
+    the calling thread's ``numba.get_num_threads()``. Numba's setting is per thread, and a new
+    thread starts at ``NUMBA_NUM_THREADS``, so without this ``--threads 1`` would not reach them."""
+    return dict(initializer=numba.set_num_threads, initargs=(numba.get_num_threads(),))
