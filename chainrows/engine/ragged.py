@@ -80,8 +80,7 @@ def take_ragged_chunks(offsets: list[np.ndarray], contents: list[np.ndarray],
         if len(sel):
             args = (readonly(o), readonly(np.ascontiguousarray(content).view(np.uint8)),
                     readonly(np.ascontiguousarray(local[sel])), readonly(dst_off[sel]), width, out)
-            if lengths[sel].sum() * width >= PARALLEL_MIN_BYTES:
-                run(_scatter_rows, even_chunks(len(sel)), *args)
-            else:
-                _scatter_rows(np.array([0, len(sel)], dtype=np.int64), *args)
+            whole = np.array([0, len(sel)], dtype=np.int64)  # one chunk: run() keeps it on this thread
+            run(_scatter_rows, even_chunks(len(sel)) if lengths[sel].sum() * width >= PARALLEL_MIN_BYTES
+                else whole, *args)
     return dst_off, out.view(dtype)
