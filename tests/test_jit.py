@@ -20,12 +20,14 @@ def _probe_args():
     soff, data = np.array([0, 1], dtype=np.int64), np.frombuffer(b"a", dtype=np.uint8).copy()
     tab_off = table_offsets(build_off)
     slot, slot_hash = new_tables(tab_off)
+    no_nulls = readonly(np.zeros(0, dtype=bool))
     index_groups(np.array([0, 1], dtype=np.int64), readonly(build_off), readonly(pos), readonly(soff),
-                 readonly(data), readonly(tab_off), slot, slot_hash, np.empty(1, dtype=np.int64))
+                 readonly(data), no_nulls, readonly(tab_off), slot, slot_hash, np.empty(1, dtype=np.int64))
     found = np.full(1, -7, dtype=np.int64)
     args = (np.array([0, 1], dtype=np.int64), readonly(build_off), readonly(pos), readonly(soff),
             readonly(data), readonly(tab_off), readonly(slot), readonly(slot_hash),
-            readonly(np.zeros(1, dtype=np.int64)), readonly(pos), readonly(soff), readonly(data), found)
+            readonly(np.zeros(1, dtype=np.int64)), readonly(pos), readonly(soff), readonly(data), no_nulls,
+            -2, -1, found)
     return args, found
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chainrows.engine.batch import readonly
 from chainrows.engine.strjoin import (
-    index_groups, index_groups_py, new_tables, probe_groups, probe_groups_py, table_offsets,
+    index_groups, index_groups_py, join_groups, new_tables, probe_groups, probe_groups_py, table_offsets,
 )
 from chainrows.engine.threads import run
 from chainrows.io.arrays import offsets_from_lengths, string_parts
@@ -18,30 +19,39 @@ from chainrows.io.arrays import offsets_from_lengths, string_parts
 IDS = st.one_of(st.none(), st.sampled_from(["", "a", "b", "ab", "ba", "aa", "é", "x" * 40, "x" * 41]))
 
 
-def _strings(ids, string_type):
-    arr = pa.array(["pad"] + list(ids), string_type).slice(1)  # a non-zero array offset
+MISSING, NULL = -5, -9  # distinct from each other and from every entry index
+
+
+def _strings(ids, string_type, null_as):
+    """(pos, offsets, bytes, validity) of ``ids`` as the kernels take them. A null id is a null
+    string (``null_as == "string"``, validity False) or an entry without one (``"pos"``, -1
+    and an empty string there, so only pos can say it is null); strings in reverse order, so
+    pos is not the identity."""
+    n = len(ids)
+    stored = [None if (x is None and null_as == "string") else ("" if x is None else x) for x in reversed(ids)]
+    arr = pa.array(["pad"] + stored, string_type).slice(1)  # a non-zero array offset
     soff, data, valid = string_parts(arr)
-    pos = np.arange(len(ids), dtype=np.int64)
-    if valid is not None:
-        pos[~valid] = -1
-    return pos, soff, data
+    pos = np.arange(n - 1, -1, -1, dtype=np.int64)
+    if null_as == "pos":
+        pos[[x is None for x in ids]] = -1
+    return pos, soff, data, np.zeros(0, dtype=bool) if valid is None else valid
 
 
-def run_kernels(build_off, build_ids, probe_group, probe_ids, string_type=pa.string()):
+def run_kernels(build_off, build_ids, probe_group, probe_ids, string_type=pa.string(), null_as="string"):
     build_off = np.asarray(build_off, dtype=np.int64)
-    pos, soff, data = _strings(build_ids, string_type)
-    ppos, psoff, pdata = _strings(probe_ids, string_type)
+    pos, soff, data, valid = _strings(build_ids, string_type, null_as)
+    ppos, psoff, pdata, pvalid = _strings(probe_ids, string_type, null_as)
     tab_off = table_offsets(build_off)
     slot, slot_hash = new_tables(tab_off)
     first = np.empty(len(build_ids), dtype=np.int64)
     # one item per chunk, split over the threads: a part that strayed outside its chunks shows
     run(index_groups, np.arange(len(build_off), dtype=np.int64), readonly(build_off), readonly(pos),
-        readonly(soff), readonly(data), readonly(tab_off), slot, slot_hash, first)
+        readonly(soff), readonly(data), readonly(valid), readonly(tab_off), slot, slot_hash, first)
     found = np.empty(len(probe_ids), dtype=np.int64)
     run(probe_groups, np.arange(len(probe_ids) + 1, dtype=np.int64), readonly(build_off), readonly(pos),
         readonly(soff), readonly(data), readonly(tab_off), readonly(slot), readonly(slot_hash),
         readonly(np.asarray(probe_group, dtype=np.int64)), readonly(ppos), readonly(psoff), readonly(pdata),
-        found)
+        readonly(pvalid), MISSING, NULL, found)
     return first.tolist(), found.tolist()
 
 
@@ -56,20 +66,22 @@ def groups(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(groups(), st.sampled_from([pa.string(), pa.large_string()]))
-def test_kernels_match_definitions(case, string_type):
+@given(groups(), st.sampled_from([pa.string(), pa.large_string()]), st.sampled_from(["string", "pos"]))
+def test_kernels_match_definitions(case, string_type, null_as):
     build_off, build, probe_group, probe = case
-    first, found = run_kernels(build_off, build, probe_group, probe, string_type)
+    first, found = run_kernels(build_off, build, probe_group, probe, string_type, null_as)
     assert first == index_groups_py(build_off.tolist(), build)
-    assert found == probe_groups_py(build_off.tolist(), build, probe_group, probe)
+    assert found == probe_groups_py(build_off.tolist(), build, probe_group, probe, MISSING, NULL)
 
 
-def test_worked_example():
+@pytest.mark.parametrize("null_as", ["string", "pos"])
+def test_worked_example(null_as):
     # group 0: a, b, a; group 1: a, None
-    first, found = run_kernels([0, 3, 5], ["a", "b", "a", "a", None], [0, 1, 1, 0, -1, 1],
-                               ["a", "a", "b", None, "a", ""])
+    first, found = run_kernels([0, 3, 5], ["a", "b", "a", "a", None], [0, 1, 1, 0, -1, 1, -1],
+                               ["a", "a", "b", None, "a", "", None], null_as=null_as)
     assert first == [0, 1, 0, 3, -1]
-    assert found == [0, 3, -1, -1, -1, -1]  # "b" is in group 0 only; null and group -1 never match
+    # "b" is in group 0 only; group -1 never matches; a null probe is NULL whatever its group
+    assert found == [0, 3, MISSING, NULL, MISSING, MISSING, NULL]
 
 
 def test_large_group_probes_past_occupied_slots():
@@ -77,10 +89,56 @@ def test_large_group_probes_past_occupied_slots():
     probe = build[:5000:7] + ["nope", "id5000"]
     first, found = run_kernels([0, len(build)], build, [0] * len(probe), probe)
     assert first == index_groups_py([0, len(build)], build)
-    assert found == probe_groups_py([0, len(build)], build, [0] * len(probe), probe)
-    assert found[-2:] == [-1, -1]
+    assert found == probe_groups_py([0, len(build)], build, [0] * len(probe), probe, MISSING, NULL)
+    assert found[-2:] == [MISSING, MISSING]
 
 
 def test_table_offsets_power_of_two_at_least_twice():
     off = table_offsets(np.array([0, 0, 1, 4, 9], dtype=np.int64))
     assert np.diff(off).tolist() == [0, 2, 8, 16]
+
+
+def run_fused(build_off, build_ids, probe_sizes, probe_ids, string_type=pa.string(), null_as="string"):
+    """join_groups on probes grouped like the build entries (group g has probe_sizes[g])."""
+    build_off = np.asarray(build_off, dtype=np.int64)
+    probe_off = offsets_from_lengths(probe_sizes)
+    pos, soff, data, valid = _strings(build_ids, string_type, null_as)
+    ppos, psoff, pdata, pvalid = _strings(probe_ids, string_type, null_as)
+    first = np.full(len(build_ids), -77, dtype=np.int64)
+    found = np.full(len(probe_ids), -77, dtype=np.int64)
+    # one group per chunk, split over the threads: each part sizes its own scratch table
+    run(join_groups, np.arange(len(build_off), dtype=np.int64), readonly(build_off), readonly(pos),
+        readonly(soff), readonly(data), readonly(valid), readonly(probe_off), readonly(ppos), readonly(psoff),
+        readonly(pdata), readonly(pvalid), MISSING, NULL, first, found)
+    return first.tolist(), found.tolist()
+
+
+@st.composite
+def grouped(draw):
+    sizes = draw(st.lists(st.integers(0, 9), min_size=1, max_size=6))
+    build = draw(st.lists(IDS, min_size=sum(sizes), max_size=sum(sizes)))
+    probe_sizes = draw(st.lists(st.integers(0, 6), min_size=len(sizes), max_size=len(sizes)))
+    probe = draw(st.lists(IDS, min_size=sum(probe_sizes), max_size=sum(probe_sizes)))
+    return offsets_from_lengths(sizes), build, probe_sizes, probe
+
+
+@settings(max_examples=300, deadline=None)
+@given(grouped(), st.sampled_from([pa.string(), pa.large_string()]), st.sampled_from(["string", "pos"]))
+def test_fused_kernel_matches_definitions(case, string_type, null_as):
+    build_off, build, probe_sizes, probe = case
+    first, found = run_fused(build_off, build, probe_sizes, probe, string_type, null_as)
+    probe_group = np.repeat(np.arange(len(probe_sizes)), probe_sizes).tolist()
+    assert first == index_groups_py(build_off.tolist(), build)
+    assert found == probe_groups_py(build_off.tolist(), build, probe_group, probe, MISSING, NULL)
+
+
+def test_fused_kernel_reuses_its_table_across_groups_of_different_sizes():
+    # a big group, then small ones: stale slots of the big group's table must not answer for them
+    big = [f"id{i}" for i in range(300)]
+    build = big + ["id1", "id2"] + [] + ["id299"]
+    build_off = [0, 300, 302, 302, 303]
+    probe = ["id5", "id299", "nope"] + ["id1", "id5", "id299"] + ["id1"] + ["id299", "id1", None]
+    probe_sizes = [3, 3, 1, 3]
+    first, found = run_fused(build_off, build, probe_sizes, probe)
+    assert first == index_groups_py(build_off, build)
+    assert found == [5, 299, MISSING, 300, MISSING, MISSING, MISSING, 302, MISSING, NULL]

@@ -3,10 +3,17 @@
 The ids are never encoded globally. :func:`index_groups` builds one small open-addressing table
 per group over the group's build strings (a hash places an entry, its bytes decide equality),
 and :func:`probe_groups` looks probe strings up in their group's table. A hash collision costs a
-byte comparison, never a wrong answer. Strings are Arrow-style: int64 offsets + uint8 bytes; an
-entry's ``pos`` is its string's index there, -1 for a null (which matches nothing).
+byte comparison, never a wrong answer. Strings are Arrow-style: int64 offsets + uint8 bytes + a
+validity array (``valid``: bool per string, False for a null string; zero-length when the column
+has no nulls); an entry's ``pos`` is its string's index there, -1 for a null entry. A null entry
+or null string matches nothing. The kernels read validity themselves, so callers never build a
+masked copy of ``pos`` (a few passes over millions of ids, each a fresh temporary).
 
-Plain-Python definitions (used by the tests): :func:`index_groups_py`, :func:`probe_groups_py`.
+:func:`join_groups` does both in one pass, group by group, when the probes come grouped the
+same way (a rollout's item ids against its output ids): its one small table stays in cache.
+
+Plain-Python definitions (used by the tests): :func:`index_groups_py`, :func:`probe_groups_py`
+(and the two together for :func:`join_groups`).
 """
 
 from __future__ import annotations
@@ -14,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 
 from chainrows.engine._jit import jit
-from chainrows.engine.strhash import FNV_OFFSET, fnv1a
 
 
 def table_offsets(build_off: np.ndarray) -> np.ndarray:
@@ -34,6 +40,15 @@ def new_tables(tab_off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @jit(inline="always")
+def _word(data, j, n):
+    """Bytes data[j:j+n] (n <= 8) as a little-endian uint64."""
+    w = np.uint64(0)
+    for k in range(n):
+        w |= np.uint64(data[j + k]) << np.uint64(8 * k)
+    return w
+
+
+@jit(inline="always")
 def _same(a_off, a_data, a, b_off, b_data, b):
     n = a_off[a + 1] - a_off[a]
     if b_off[b + 1] - b_off[b] != n:
@@ -43,6 +58,36 @@ def _same(a_off, a_data, a, b_off, b_data, b):
         if a_data[sa + j] != b_data[sb + j]:
             return False
     return True
+
+
+@jit(inline="always")
+def _hash(offsets, data, i):
+    """A 64-bit hash of string i taken 8 bytes at a time (FNV-style multiply and a shift per
+    word, the length as seed, a final avalanche mix). Only places entries in these transient
+    tables; routing keeps chainrows.engine.strhash.fnv1a, whose values must not change.
+    Byte-at-a-time FNV-1a is one multiply per byte in a dependent chain, which the joins
+    waited on once their tables stayed in cache (docs/decisions-engine.md "String joins")."""
+    a = offsets[i]
+    b = offsets[i + 1]
+    h = np.uint64(b - a) * np.uint64(0x9E3779B97F4A7C15)
+    j = a
+    while j + 8 <= b:
+        h = (h ^ _word(data, j, 8)) * np.uint64(0x100000001B3)
+        h ^= h >> np.uint64(29)
+        j += 8
+    if j < b:
+        h = (h ^ _word(data, j, b - j)) * np.uint64(0x100000001B3)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    return h
+
+
+@jit(inline="always")
+def _is_null(pos, valid, i):
+    """Entry i is null: no string (pos -1) or a null string."""
+    v = pos[i]
+    return v < 0 or (len(valid) > 0 and not valid[v])
 
 
 @jit(inline="always")
@@ -59,12 +104,13 @@ def _slot_of(tb, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, psoff
 
 
 @jit
-def index_groups(chunks, build_off, build_pos, soff, data, tab_off, slot, slot_hash, first):
+def index_groups(chunks, build_off, build_pos, soff, data, valid, tab_off, slot, slot_hash, first):
     """first[i] = the first build entry of i's group whose string equals i's (i itself when
-    none before it), -1 where build_pos[i] < 0; for the groups chunks[0]:chunks[-1].
+    none before it), -1 where entry i is null; for the groups chunks[0]:chunks[-1].
 
     build_off int64[G+1]: group g's build entries are build_off[g]:build_off[g+1].
     build_pos int64[B]: each entry's string in (soff int64[n+1], data uint8[...]), -1 null.
+    valid bool[n] or bool[0]: False for a null string (zero-length: none is null).
     tab_off int64[G+1]: :func:`table_offsets` of build_off; slot int32 / slot_hash uint32
     [tab_off[-1]]: from :func:`new_tables`, filled here (slot: entry - build_off[g]).
     first int64[B]: out.
@@ -74,11 +120,11 @@ def index_groups(chunks, build_off, build_pos, soff, data, tab_off, slot, slot_h
         tb = tab_off[g]
         mask = np.uint64(tab_off[g + 1] - tb - 1)
         for i in range(b0, build_off[g + 1]):
-            v = build_pos[i]
-            if v < 0:
+            if _is_null(build_pos, valid, i):
                 first[i] = -1
                 continue
-            h = fnv1a(soff, data, v, FNV_OFFSET)
+            v = build_pos[i]
+            h = _hash(soff, data, v)
             tag = np.uint32(h >> np.uint64(32))
             at = _slot_of(tb, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, soff, data, v)
             if slot[at] < 0:
@@ -91,16 +137,20 @@ def index_groups(chunks, build_off, build_pos, soff, data, tab_off, slot, slot_h
 
 @jit
 def probe_groups(chunks, build_off, build_pos, soff, data, tab_off, slot, slot_hash, probe_group,
-                 probe_pos, psoff, pdata, found):
+                 probe_pos, psoff, pdata, pvalid, missing, null, found):
     """found[j] = the first build entry of group probe_group[j] whose string equals probe j's
-    (probe_pos[j] in psoff/pdata); -1 when there is none, the probe is null (pos < 0) or its
-    group is < 0; for the probes chunks[0]:chunks[-1]. The build arguments are those given to
-    :func:`index_groups`."""
+    (probe_pos[j] in psoff/pdata, pvalid as ``valid`` of :func:`index_groups`); ``null`` when
+    the probe is null, else ``missing`` when there is no such entry or the group is < 0; for
+    the probes chunks[0]:chunks[-1]. The build arguments are those given to
+    :func:`index_groups` (its ``valid`` is not needed: null entries never enter the tables)."""
     for j in range(chunks[0], chunks[-1]):
+        if _is_null(probe_pos, pvalid, j):
+            found[j] = null
+            continue
         g = probe_group[j]
         v = probe_pos[j]
-        found[j] = -1
-        if g < 0 or v < 0:
+        found[j] = missing
+        if g < 0:
             continue
         tb = tab_off[g]
         size = tab_off[g + 1] - tb
@@ -108,11 +158,60 @@ def probe_groups(chunks, build_off, build_pos, soff, data, tab_off, slot, slot_h
             continue
         b0 = build_off[g]
         mask = np.uint64(size - 1)
-        h = fnv1a(psoff, pdata, v, FNV_OFFSET)
+        h = _hash(psoff, pdata, v)
         at = _slot_of(tb, mask, h, np.uint32(h >> np.uint64(32)), slot, slot_hash, b0, build_pos, soff, data,
                       psoff, pdata, v)
         if slot[at] >= 0:
             found[j] = b0 + slot[at]
+
+
+@jit
+def join_groups(chunks, build_off, build_pos, soff, data, valid, probe_off, probe_pos, psoff, pdata,
+                pvalid, missing, null, first, found):
+    """:func:`index_groups` and :func:`probe_groups` in one pass, for probes that come grouped:
+    group g's probes are probe_off[g]:probe_off[g+1] (int64[G+1]). For the groups
+    chunks[0]:chunks[-1], ``first`` of their build entries and ``found`` of their probes are what
+    those two kernels give (with probe_group[j] = g), through one table at a time: the group's
+    own, in a scratch array reused by the next group, probed while the group's strings are still
+    in cache. No shared tables are allocated. Other arguments as for those kernels."""
+    size_max = 2
+    for g in range(chunks[0], chunks[-1]):
+        while size_max < 2 * (build_off[g + 1] - build_off[g]):
+            size_max *= 2
+    slot = np.empty(size_max, dtype=np.int32)
+    slot_hash = np.empty(size_max, dtype=np.uint32)
+    for g in range(chunks[0], chunks[-1]):
+        b0 = build_off[g]
+        n = build_off[g + 1] - b0
+        size = 2
+        while size < 2 * n:
+            size *= 2
+        for s in range(size):
+            slot[s] = -1
+        mask = np.uint64(size - 1)
+        for i in range(b0, b0 + n):
+            if _is_null(build_pos, valid, i):
+                first[i] = -1
+                continue
+            v = build_pos[i]
+            h = _hash(soff, data, v)
+            tag = np.uint32(h >> np.uint64(32))
+            at = _slot_of(0, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, soff, data, v)
+            if slot[at] < 0:
+                slot[at] = np.int32(i - b0)
+                slot_hash[at] = tag
+                first[i] = i
+            else:
+                first[i] = b0 + slot[at]
+        for j in range(probe_off[g], probe_off[g + 1]):
+            if _is_null(probe_pos, pvalid, j):
+                found[j] = null
+                continue
+            v = probe_pos[j]
+            h = _hash(psoff, pdata, v)
+            at = _slot_of(0, mask, h, np.uint32(h >> np.uint64(32)), slot, slot_hash, b0, build_pos, soff,
+                          data, psoff, pdata, v)
+            found[j] = b0 + slot[at] if slot[at] >= 0 else missing
 
 
 def index_groups_py(build_off, build_ids) -> list:
@@ -125,12 +224,14 @@ def index_groups_py(build_off, build_ids) -> list:
     return first
 
 
-def probe_groups_py(build_off, build_ids, probe_group, probe_ids) -> list:
-    """Plain-Python :func:`probe_groups`."""
+def probe_groups_py(build_off, build_ids, probe_group, probe_ids, missing=-1, null=-1) -> list:
+    """Plain-Python :func:`probe_groups` over lists of ids (None: null)."""
     found = []
     for g, x in zip(probe_group, probe_ids):
-        hit = -1
-        if g >= 0 and x is not None:
-            hit = next((i for i in range(build_off[g], build_off[g + 1]) if build_ids[i] == x), -1)
+        hit = missing
+        if x is None:
+            hit = null
+        elif g >= 0:
+            hit = next((i for i in range(build_off[g], build_off[g + 1]) if build_ids[i] == x), missing)
         found.append(hit)
     return found

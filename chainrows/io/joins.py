@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from chainrows.engine.align import aligned_positions
 from chainrows.engine.batch import MISSING, NO_OUTPUT, NO_TOKENS, ROOT, readonly
 from chainrows.engine.chunks import balanced_chunks, even_chunks
-from chainrows.engine.strjoin import index_groups, new_tables, probe_groups, table_offsets
+from chainrows.engine.strjoin import index_groups, join_groups, new_tables, probe_groups, table_offsets
 from chainrows.engine.threads import run
 from chainrows.io.arrays import (
     list_offsets, offsets_from_lengths, offsets_from_owner, one_chunk, range_index, string_parts,
@@ -316,14 +316,13 @@ def join_items(ro: RolloutJoin, rec: Records) -> ItemJoin:
     out_pos, out_bad = aligned_positions(out_parts[0], out_parts[1], out_off, rec.rollout)
     out_ids_bad_len = np.zeros(R, dtype=bool)
     out_ids_bad_len[rec.rollout] = out_bad
-    outputs = GroupIndex(out_off, out_parts[2], "rollouts", "output_ids", pos=out_pos)
-    out_ids = outputs.first
-    call_of_item = np.repeat(np.arange(C, dtype=np.int64), key_len)
-    item_ids = outputs.lookup(ro.of_call[call_of_item], item_parts[2], "ledger", "item_ids", NO_OUTPUT,
-                              pos=item_pos, null=-1)
+    # a rollout's item slots are key_off[call_off[r]]:key_off[call_off[r + 1]] (calls in rollout order)
+    out_ids, item_ids = grouped_lookup(out_off, (out_parts[2], out_pos, "rollouts", "output_ids"),
+                                       key_off[ro.call_off], (item_parts[2], item_pos, "ledger", "item_ids"),
+                                       NO_OUTPUT, -1)
     serving = item_ids >= 0
-    identified = np.zeros(C, dtype=bool)
-    identified[call_of_item[serving]] = True
+    serving_before = offsets_from_lengths(serving)  # a call served an output id iff its slots hold one
+    identified = serving_before[key_off[1:]] > serving_before[key_off[:-1]]
     served = np.zeros(len(out_ids), dtype=bool)
     served[item_ids[serving]] = True
     out_served = (out_ids >= 0) & served[np.maximum(out_ids, 0)]
@@ -372,13 +371,14 @@ class GroupIndex:
 
     def __init__(self, build_off, values, table, column, pos=None):
         self.build_off = build_off
-        self.strings, self.pos = _id_strings(values, pos, table, column)
+        (soff, data, valid), self.pos = _id_strings(values, pos, table, column)
+        self.strings = (soff, data)
         self.tab_off = table_offsets(build_off)
         self.slot, self.slot_hash = new_tables(self.tab_off)
         self.first = np.empty(len(self.pos), dtype=np.int64)
         groups = balanced_chunks(build_off + np.arange(len(build_off)))  # a group costs 1 + its entries
-        run(index_groups, groups, readonly(build_off), readonly(self.pos), *map(readonly, self.strings),
-            readonly(self.tab_off), self.slot, self.slot_hash, self.first)
+        run(index_groups, groups, readonly(build_off), readonly(self.pos), readonly(soff), readonly(data),
+            readonly(valid), readonly(self.tab_off), self.slot, self.slot_hash, self.first)
 
     def later_duplicates(self) -> np.ndarray:
         """bool per entry: an earlier entry of its group has the same string."""
@@ -393,16 +393,38 @@ class GroupIndex:
         run(probe_groups, even_chunks(len(found)), readonly(self.build_off), readonly(self.pos),
             *map(readonly, self.strings), readonly(self.tab_off), readonly(self.slot),
             readonly(self.slot_hash), readonly(np.ascontiguousarray(group, dtype=np.int64)),
-            readonly(probe_pos), *map(readonly, strings), found)
-        found[found < 0] = missing
-        if null is not None:
-            found[probe_pos < 0] = null
+            readonly(probe_pos), *map(readonly, strings), int(missing), int(missing if null is None else null),
+            found)
         return found
 
 
+_NO_NULLS = np.zeros(0, dtype=bool)
+
+
+def grouped_lookup(build_off, build, probe_off, probe, missing, null) -> tuple[np.ndarray, np.ndarray]:
+    """:class:`GroupIndex` ``(build_off, *build).first`` and its ``lookup`` of the probes, for
+    probes that come grouped like the build entries (group g's probes are
+    ``probe_off[g]:probe_off[g+1]``), in one kernel pass without shared tables
+    (chainrows.engine.strjoin.join_groups). ``build`` and ``probe``: (string column, pos, table
+    name, column name) as :class:`GroupIndex` takes them. Returns (first, found)."""
+    (bsoff, bdata, bvalid), bpos = _id_strings(*build)
+    (psoff, pdata, pvalid), ppos = _id_strings(*probe)
+    if build_off[-1] != len(bpos) or probe_off[-1] != len(ppos) or len(probe_off) != len(build_off):
+        raise AssertionError("grouped_lookup: group offsets disagree with the entries")
+    first = np.empty(len(bpos), dtype=np.int64)
+    found = np.empty(len(ppos), dtype=np.int64)
+    groups = balanced_chunks(build_off + probe_off + np.arange(len(build_off)))  # 1 + entries + probes
+    run(join_groups, groups, readonly(build_off), readonly(bpos), readonly(bsoff), readonly(bdata),
+        readonly(bvalid), readonly(probe_off), readonly(ppos), readonly(psoff), readonly(pdata), readonly(pvalid),
+        int(missing), int(null), first, found)
+    return first, found
+
+
 def _id_strings(values, pos, table, column):
-    """((offsets, bytes), pos) of a string column: ``pos`` (default: every string in order)
-    checked against the strings and set to -1 where a value is null."""
+    """((offsets, bytes, validity), pos) of a string column for the strjoin kernels: ``pos``
+    (default: every string in order; -1 a null entry) checked against the strings; validity
+    a bool per string, zero-length when none is null (the kernels read it, so ``pos`` is never
+    rewritten here)."""
     try:
         soff, data, valid = string_parts(one_chunk(values))
     except ValueError as err:
@@ -412,11 +434,7 @@ def _id_strings(values, pos, table, column):
         pos = np.arange(n, dtype=np.int64)
     elif len(pos) and int(pos.max()) >= n:
         raise InputError(f"{table}: column '{column}': list offsets outside its values")
-    if valid is not None:
-        pos = pos.copy()
-        at = np.flatnonzero(pos >= 0)
-        pos[at[~valid[pos[at]]]] = -1
-    return (soff, data), pos
+    return (soff, data, _NO_NULLS if valid is None else valid), pos
 
 
 def _encode_sorted(cols) -> tuple[pa.Array, list[np.ndarray]]:
