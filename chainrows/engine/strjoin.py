@@ -103,6 +103,34 @@ def _slot_of(tb, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, psoff
         s = (s + np.uint64(1)) & mask
 
 
+@jit(inline="always")
+def _enter(i, b0, tb, mask, build_pos, soff, data, valid, slot, slot_hash):
+    """Enter build entry i of the group whose entries start at b0 into that group's table
+    (slots tb:tb + mask + 1); returns :func:`index_groups`' ``first[i]``."""
+    if _is_null(build_pos, valid, i):
+        return -1
+    v = build_pos[i]
+    h = _hash(soff, data, v)
+    tag = np.uint32(h >> np.uint64(32))
+    at = _slot_of(tb, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, soff, data, v)
+    if slot[at] < 0:
+        slot[at] = np.int32(i - b0)
+        slot_hash[at] = tag
+        return i
+    return b0 + slot[at]
+
+
+@jit(inline="always")
+def _find(j, b0, tb, mask, build_pos, soff, data, slot, slot_hash, probe_pos, psoff, pdata, missing):
+    """The build entry of the group's table (as for :func:`_enter`) whose string equals the
+    string of probe j (not null), else ``missing``."""
+    v = probe_pos[j]
+    h = _hash(psoff, pdata, v)
+    at = _slot_of(tb, mask, h, np.uint32(h >> np.uint64(32)), slot, slot_hash, b0, build_pos, soff, data,
+                  psoff, pdata, v)
+    return b0 + slot[at] if slot[at] >= 0 else missing
+
+
 @jit
 def index_groups(chunks, build_off, build_pos, soff, data, valid, tab_off, slot, slot_hash, first):
     """first[i] = the first build entry of i's group whose string equals i's (i itself when
@@ -120,19 +148,7 @@ def index_groups(chunks, build_off, build_pos, soff, data, valid, tab_off, slot,
         tb = tab_off[g]
         mask = np.uint64(tab_off[g + 1] - tb - 1)
         for i in range(b0, build_off[g + 1]):
-            if _is_null(build_pos, valid, i):
-                first[i] = -1
-                continue
-            v = build_pos[i]
-            h = _hash(soff, data, v)
-            tag = np.uint32(h >> np.uint64(32))
-            at = _slot_of(tb, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, soff, data, v)
-            if slot[at] < 0:
-                slot[at] = np.int32(i - b0)
-                slot_hash[at] = tag
-                first[i] = i
-            else:
-                first[i] = b0 + slot[at]
+            first[i] = _enter(i, b0, tb, mask, build_pos, soff, data, valid, slot, slot_hash)
 
 
 @jit
@@ -148,7 +164,6 @@ def probe_groups(chunks, build_off, build_pos, soff, data, tab_off, slot, slot_h
             found[j] = null
             continue
         g = probe_group[j]
-        v = probe_pos[j]
         found[j] = missing
         if g < 0:
             continue
@@ -156,13 +171,8 @@ def probe_groups(chunks, build_off, build_pos, soff, data, tab_off, slot, slot_h
         size = tab_off[g + 1] - tb
         if size == 0:
             continue
-        b0 = build_off[g]
-        mask = np.uint64(size - 1)
-        h = _hash(psoff, pdata, v)
-        at = _slot_of(tb, mask, h, np.uint32(h >> np.uint64(32)), slot, slot_hash, b0, build_pos, soff, data,
-                      psoff, pdata, v)
-        if slot[at] >= 0:
-            found[j] = b0 + slot[at]
+        found[j] = _find(j, build_off[g], tb, np.uint64(size - 1), build_pos, soff, data, slot, slot_hash,
+                         probe_pos, psoff, pdata, missing)
 
 
 @jit
@@ -189,29 +199,15 @@ def join_groups(chunks, build_off, build_pos, soff, data, valid, probe_off, prob
         for s in range(size):
             slot[s] = -1
         mask = np.uint64(size - 1)
+        tb = np.int64(0)
         for i in range(b0, b0 + n):
-            if _is_null(build_pos, valid, i):
-                first[i] = -1
-                continue
-            v = build_pos[i]
-            h = _hash(soff, data, v)
-            tag = np.uint32(h >> np.uint64(32))
-            at = _slot_of(0, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, soff, data, v)
-            if slot[at] < 0:
-                slot[at] = np.int32(i - b0)
-                slot_hash[at] = tag
-                first[i] = i
-            else:
-                first[i] = b0 + slot[at]
+            first[i] = _enter(i, b0, tb, mask, build_pos, soff, data, valid, slot, slot_hash)
         for j in range(probe_off[g], probe_off[g + 1]):
             if _is_null(probe_pos, pvalid, j):
                 found[j] = null
-                continue
-            v = probe_pos[j]
-            h = _hash(psoff, pdata, v)
-            at = _slot_of(0, mask, h, np.uint32(h >> np.uint64(32)), slot, slot_hash, b0, build_pos, soff,
-                          data, psoff, pdata, v)
-            found[j] = b0 + slot[at] if slot[at] >= 0 else missing
+            else:
+                found[j] = _find(j, b0, tb, mask, build_pos, soff, data, slot, slot_hash, probe_pos, psoff,
+                                 pdata, missing)
 
 
 def index_groups_py(build_off, build_ids) -> list:
