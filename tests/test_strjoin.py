@@ -142,3 +142,31 @@ def test_fused_kernel_reuses_its_table_across_groups_of_different_sizes():
     first, found = run_fused(build_off, build, probe_sizes, probe)
     assert first == index_groups_py(build_off, build)
     assert found == [5, 299, MISSING, 300, MISSING, MISSING, MISSING, 302, MISSING, NULL]
+
+
+def test_item_join_codes_and_identified_calls():
+    """join_items through build_batch (chainrows.io.joins.grouped_lookup): each item slot's code
+    is the first output slot with its id, NO_OUTPUT when no output has it, -1 when null; a call
+    is identified iff one of its slots names an output id; out_ids and out_served per output."""
+    from builders import RolloutBuilder, combine, message
+
+    from chainrows.engine.batch import NO_OUTPUT
+    from chainrows.io.columnar import build_batch
+    from chainrows.io.schema import tables_from_pylists
+
+    first = RolloutBuilder("a-first")  # sorts first: the second rollout's slots start further on
+    first.call("k1", None, carry=[1], gen=[2], items=[message("p", "a")])
+    first.output(["k1"])
+    b = RolloutBuilder("b-second")
+    b.call("c1", None, carry=[1], gen=[2], items=[message("x", "a"), message("y")])  # "a", null
+    b.call("c2", "c1", carry=[3], gen=[4], items=[])                                 # no items
+    b.call("c3", "c2", carry=[5], gen=[6], items=[message("z", "zzz")])              # no output has it
+    b.call("c4", "c3", carry=[7], gen=[8], items=[message("w", "b")])
+    b.output(["c1", "c3", "c4"])
+    b.record["output_ids"] = ["a", None, None, "b", "a"]
+    b.record["output_keys"] = b.record["output_keys"] + [b.record["output_keys"][0]]
+    batch, _ = build_batch(*tables_from_pylists(*combine(first, b), logprobs=False, accepted=False))
+    assert batch.item_ids.tolist() == [0, 1, -1, NO_OUTPUT, 4]  # slots: k1 | c1 c1 | c3 | c4
+    assert batch.identified.tolist() == [True, True, False, False, True]
+    assert batch.out_ids.tolist() == [0, 1, -1, -1, 4, 1]  # the repeated "a" points at its first slot
+    assert batch.out_served.tolist() == [True, True, False, False, True, True]

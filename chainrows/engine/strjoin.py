@@ -62,8 +62,9 @@ def _same(a_off, a_data, a, b_off, b_data, b):
 
 @jit(inline="always")
 def _hash(offsets, data, i):
-    """A 64-bit hash of string i taken 8 bytes at a time (FNV-style multiply and a shift per
-    word, the length as seed, a final avalanche mix). Only places entries in these transient
+    """A 64-bit hash of string i taken 8 bytes at a time (per full word an FNV-style xor and
+    multiply and a shift; the last partial word xored and multiplied; the length as seed; the
+    first half of MurmurHash3's fmix64 as final mix). Only places entries in these transient
     tables; routing keeps chainrows.engine.strhash.fnv1a, whose values must not change.
     Byte-at-a-time FNV-1a is one multiply per byte in a dependent chain, which the joins
     waited on once their tables stayed in cache (docs/decisions-engine.md "String joins")."""

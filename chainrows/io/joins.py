@@ -7,7 +7,8 @@ rollouts (ids -> dense indices, ledger in rollout order), calls (call and parent
 (reward and group per rollout). Rollout ids become dense codes in byte order with one
 ``pc.dictionary_encode`` (the output is sorted by them); group ids another. Every join on an
 id within a rollout (call, parent, response, item and output ids) is exact on the strings'
-bytes, per rollout, without encoding them (:class:`GroupIndex`, chainrows.engine.strjoin).
+bytes, per rollout, without encoding them (:class:`GroupIndex`; :func:`grouped_lookup` for item
+ids against output ids, whose probes come in rollout order; chainrows.engine.strjoin).
 """
 
 from __future__ import annotations
@@ -321,8 +322,10 @@ def join_items(ro: RolloutJoin, rec: Records) -> ItemJoin:
                                        key_off[ro.call_off], (item_parts[2], item_pos, "ledger", "item_ids"),
                                        NO_OUTPUT, -1)
     serving = item_ids >= 0
-    serving_before = offsets_from_lengths(serving)  # a call served an output id iff its slots hold one
-    identified = serving_before[key_off[1:]] > serving_before[key_off[:-1]]
+    identified = np.zeros(C, dtype=bool)  # a call served an output id iff one of its slots did
+    has_items = key_len > 0  # reduceat over the non-empty calls' slot ranges, which tile the slots
+    if has_items.any():
+        identified[has_items] = np.logical_or.reduceat(serving, key_off[:-1][has_items])
     served = np.zeros(len(out_ids), dtype=bool)
     served[item_ids[serving]] = True
     out_served = (out_ids >= 0) & served[np.maximum(out_ids, 0)]
@@ -402,11 +405,11 @@ _NO_NULLS = np.zeros(0, dtype=bool)
 
 
 def grouped_lookup(build_off, build, probe_off, probe, missing, null) -> tuple[np.ndarray, np.ndarray]:
-    """:class:`GroupIndex` ``(build_off, *build).first`` and its ``lookup`` of the probes, for
-    probes that come grouped like the build entries (group g's probes are
-    ``probe_off[g]:probe_off[g+1]``), in one kernel pass without shared tables
-    (chainrows.engine.strjoin.join_groups). ``build`` and ``probe``: (string column, pos, table
-    name, column name) as :class:`GroupIndex` takes them. Returns (first, found)."""
+    """What :class:`GroupIndex` gives as ``first`` and as ``lookup(...)`` of the probes with
+    ``missing`` and ``null``, for probes that come grouped like the build entries (group g's
+    probes are ``probe_off[g]:probe_off[g+1]``), in one kernel pass without shared tables
+    (chainrows.engine.strjoin.join_groups). ``build`` and ``probe``: (string column, pos or
+    None, table name, column name), the arguments of :func:`_id_strings`. Returns (first, found)."""
     (bsoff, bdata, bvalid), bpos = _id_strings(*build)
     (psoff, pdata, pvalid), ppos = _id_strings(*probe)
     if build_off[-1] != len(bpos) or probe_off[-1] != len(ppos) or len(probe_off) != len(build_off):
