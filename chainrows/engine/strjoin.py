@@ -176,6 +176,16 @@ def probe_groups(chunks, build_off, build_pos, soff, data, tab_off, slot, slot_h
                          probe_pos, psoff, pdata, missing)
 
 
+@jit(inline="always")
+def _table_size(n):
+    """Slots for a group of n entries: the power of two of at least 2n, at least 2 (the size
+    :func:`table_offsets` gives a non-empty group)."""
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    return size
+
+
 @jit
 def join_groups(chunks, build_off, build_pos, soff, data, valid, probe_off, probe_pos, psoff, pdata,
                 pvalid, missing, null, first, found):
@@ -187,16 +197,13 @@ def join_groups(chunks, build_off, build_pos, soff, data, valid, probe_off, prob
     in cache. No shared tables are allocated. Other arguments as for those kernels."""
     size_max = 2
     for g in range(chunks[0], chunks[-1]):
-        while size_max < 2 * (build_off[g + 1] - build_off[g]):
-            size_max *= 2
+        size_max = max(size_max, _table_size(build_off[g + 1] - build_off[g]))
     slot = np.empty(size_max, dtype=np.int32)
     slot_hash = np.empty(size_max, dtype=np.uint32)
     for g in range(chunks[0], chunks[-1]):
         b0 = build_off[g]
         n = build_off[g + 1] - b0
-        size = 2
-        while size < 2 * n:
-            size *= 2
+        size = _table_size(n)
         for s in range(size):
             slot[s] = -1
         mask = np.uint64(size - 1)
