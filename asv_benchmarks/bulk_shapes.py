@@ -13,7 +13,9 @@ calls) at ``--gb`` of token + logprob bytes:
   gives them: multi-chunk columns), build_batch included, on 1 thread and on all threads,
   against one ``np.copyto`` of all output list bytes (input_ids + loss_mask + logprobs) between
   touched buffers, and one copy into a new Arrow buffer with the previous still alive (what the
-  API's outputs get: every result is new memory, first written by the engine).
+  API's outputs get: every result is new memory, first written by the engine); and against
+  that copy plus pyarrow dictionary-encoding every id string of the tables once, one thread
+  (the per-call work the copy leaves out, which dominates many short calls).
 - API with freed memory retained (``--retained``): the same, in a fresh process whose
   allocators keep freed memory for reuse (``RETAIN_ENV``: mimalloc never purges, glibc never
   maps an array on its own nor trims; docs/decisions-engine.md "Fresh memory on this VM").
@@ -127,6 +129,40 @@ def _fresh_copy_seconds(nbytes: int, repeats: int) -> float:
     return common.best_of(copy, repeats)[0]
 
 
+def _string_values(col):
+    """A column's strings as a ChunkedArray, list columns flattened (their item strings)."""
+    import pyarrow as pa
+
+    chunks = []
+    for chunk in col.chunks:
+        while pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type):
+            chunk = chunk.flatten()
+        chunks.append(chunk)
+    return pa.chunked_array(chunks, chunks[0].type) if chunks else None
+
+
+def _id_hash_seconds(tables, repeats: int) -> float:
+    """Best seconds of pyarrow hashing every id string of the tables once: one
+    ``pc.dictionary_encode`` per string column (list columns by their item strings), on one
+    thread. The copy floor leaves out the per-call work; this is what pyarrow's usual first
+    step of an id join costs on the same ids. Not a strict lower bound: one table per column
+    misses cache on millions of distinct ids, where the engine's tables are per rollout."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cols = [_string_values(t.column(name)) for t in tables for name in t.column_names
+            if pa.types.is_string(t.schema.field(name).type)
+            or (pa.types.is_list(t.schema.field(name).type)
+                and pa.types.is_string(t.schema.field(name).type.value_type))]
+    cols = [c for c in cols if c is not None]
+    threads = pa.cpu_count()
+    pa.set_cpu_count(1)
+    try:
+        return common.best_of(lambda: [pc.dictionary_encode(c) for c in cols], repeats)[0]
+    finally:
+        pa.set_cpu_count(threads)
+
+
 def api_vs_copy(src: Path, repeats: int) -> dict:
     """The API on 1 and on all threads against one copy of the output list bytes: seconds of
     each (``one``, ``all``), of the two copies (``copy``, ``fresh``), and the sizes."""
@@ -143,6 +179,7 @@ def api_vs_copy(src: Path, repeats: int) -> dict:
     del result
     copy = _copy_seconds(out_bytes, repeats)
     fresh = _fresh_copy_seconds(out_bytes, repeats)
+    ids = _id_hash_seconds(tables, repeats)
     threads = numba.get_num_threads()
     times = {}
     for n in (1, threads):
@@ -150,7 +187,7 @@ def api_vs_copy(src: Path, repeats: int) -> dict:
         times[n] = common.best_of(lambda: chainrows.reassemble(*tables), repeats)[0]
     numba.set_num_threads(threads)
     return {"chunks": ds.tokens["tokens"].num_chunks, "out_bytes": out_bytes, "copy": copy,
-            "fresh": fresh, "threads": threads, "one": times[1], "all": times[threads]}
+            "fresh": fresh, "ids": ids, "threads": threads, "one": times[1], "all": times[threads]}
 
 
 def api_retained(src: Path, repeats: int) -> dict:
@@ -167,7 +204,9 @@ def api_retained(src: Path, repeats: int) -> dict:
 def api_line(r: dict, label: str = "API") -> str:
     return (f"  {label}, {r['chunks']} token chunks, {r['out_bytes'] / 1e9:.2f} GB of output lists: 1 thread "
             f"{r['one']:.2f} s = {r['one'] / r['copy']:.1f}x one copy ({r['copy']:.3f} s), "
-            f"{r['one'] / r['fresh']:.1f}x one copy into fresh memory ({r['fresh']:.3f} s); {r['threads']} threads "
+            f"{r['one'] / r['fresh']:.1f}x one copy into fresh memory ({r['fresh']:.3f} s), "
+            f"{r['one'] / (r['copy'] + r['ids']):.1f}x one copy + every id string hashed once by pyarrow "
+            f"({r['ids']:.3f} s); {r['threads']} threads "
             f"{r['all']:.2f} s, speed-up {r['one'] / r['all']:.2f}x")
 
 

@@ -109,7 +109,7 @@ def test_side_by_side_quick_prints_ratio_table(capsys):
     assert "| measurement" in table and "| ratio" in table
     for row in ("engine vs reference", "decide+gather (1 thread) vs memcpy floor",
                 "parquet->parquet chainrows vs pyarrow floor", "CLI capture, 0.004 GB", "API capture, 1 thread",
-                "API capture, 1 thread, freed memory retained",
+                "API capture, 1 thread, over copy + id hashing", "API capture, 1 thread, freed memory retained",
                 "cached start", "peak RSS"):
         assert row in table, row
 
