@@ -94,14 +94,18 @@ def _is_null(pos, valid, i):
 @jit(inline="always")
 def _slot_of(tb, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, psoff, pdata, v):
     """The slot of group table ``tb`` holding string v of (psoff, pdata), or the empty slot
-    where it would go: linear probing from ``h``; a tag match is confirmed on the bytes."""
+    where it would go: linear probing from ``h``; a tag match is confirmed on the bytes.
+    At most one round of the table: a table with no empty slot (a bug, the load is <= 1/2)
+    gives an occupied slot of another string, a wrong answer the tests catch, not a hang."""
     s = h & mask
-    while True:
+    at = tb + np.int64(s)
+    for _ in range(np.int64(mask) + 1):
         at = tb + np.int64(s)
         e = slot[at]
         if e < 0 or (slot_hash[at] == tag and _same(soff, data, build_pos[b0 + e], psoff, pdata, v)):
             return at
         s = (s + np.uint64(1)) & mask
+    return at
 
 
 @jit(inline="always")
