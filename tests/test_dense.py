@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrows.engine.dense import dense_codes, dense_codes_py, table_bits
+from chainrows.engine.dense import dense_codes, dense_codes_py, group_order, group_order_py, table_bits
 
 # few distinct keys (long runs of equal ones), extremes of the range, and keys that share
 # their table slot (multiples of a large power of two land together after the mix's shift)
@@ -75,3 +75,27 @@ def test_the_scan_groups_rows_as_a_sort_based_recount(tmp_path):
             want = group_of.get(rid, ("r", rid))
             assert labels.setdefault(code, want) == want  # one code, one group
     assert len(labels) == sc.n_groups == len(set(labels.values()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda n: st.tuples(st.just(n), st.lists(st.integers(0, n - 1), max_size=60))))
+def test_group_order_is_its_plain_definition(case):
+    n, codes = case
+    order, off = group_order(np.array(codes, dtype=np.int64), n)
+    want_order, want_off = group_order_py(codes, n)
+    assert order.tolist() == want_order and off.tolist() == want_off
+
+
+def test_group_order_is_numpys_stable_argsort_on_many_codes():
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 5000, 200_000)
+    order, off = group_order(codes, 5000)
+    assert np.array_equal(order, np.argsort(codes, kind="stable"))
+    assert np.array_equal(off, np.searchsorted(np.sort(codes), np.arange(5001)))
+    assert group_order(np.zeros(0, dtype=np.int64), 3)[1].tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("bad", [[0, 3], [-1, 0]])
+def test_group_order_refuses_codes_outside_the_range(bad):
+    with pytest.raises(ValueError, match="outside"):
+        group_order(np.array(bad, dtype=np.int64), 3)

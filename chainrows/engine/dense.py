@@ -1,11 +1,16 @@
-"""Kernel: dense codes for uint64 keys (routing hashes of ids), in one pass over a hash table.
+"""Kernels: dense codes for uint64 keys (routing hashes of ids), in one pass over a hash table;
+and the stable order that groups rows by a dense code, in one counting pass.
 
 The bulk runner's first pass (chainrows.bulk.windows.scan) numbers millions of id hashes and
 checks that no hash stands for two ids; sorting them (``np.unique``, ``np.argsort``) cost more
 than reading the id columns. :func:`dense_codes` does both in O(n): an open-addressing table
 of codes, each confirmed against its key, numbered in order of first appearance.
 
-Plain-Python definition (used by the tests): :func:`dense_codes_py`.
+:func:`group_order` puts rows in order of their dense code (a rollout's calls together), as
+``np.argsort(codes, kind="stable")`` does, in O(n + codes) instead of a comparison sort: on
+3.85 M calls of 83 k rollouts, 0.02 s against 0.11 s (docs/decisions-engine.md).
+
+Plain-Python definitions (used by the tests): :func:`dense_codes_py`, :func:`group_order_py`.
 """
 
 from __future__ import annotations
@@ -81,3 +86,38 @@ def dense_codes_py(keys, second=None) -> tuple[list, list, int]:
             clash = i
         codes.append(code_of[k])
     return codes, first, clash
+
+
+@jit
+def _group_order(codes, off, order):
+    pos = off[:-1].copy()
+    for i in range(len(codes)):
+        c = codes[i]
+        order[pos[c]] = i
+        pos[c] += 1
+
+
+def group_order(codes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, off)`` of dense ``codes`` (int64, each in [0, n)).
+
+    ``order`` int64[len(codes)]: the row indices sorted by code, equal codes in row order
+    (``np.argsort(codes, kind="stable")``). ``off`` int64[n + 1]: code k's rows are
+    ``order[off[k]:off[k + 1]]``. A code outside [0, n) is a ValueError.
+    """
+    codes = np.ascontiguousarray(codes, dtype=np.int64)
+    if len(codes) and (int(codes.min()) < 0 or int(codes.max()) >= n):
+        raise ValueError(f"group_order: codes outside [0, {n})")
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(codes, minlength=n), out=off[1:])
+    order = np.empty(len(codes), dtype=np.int64)
+    _group_order(codes, off, order)
+    return order, off
+
+
+def group_order_py(codes, n) -> tuple[list, list]:
+    """Plain-Python :func:`group_order`."""
+    order = sorted(range(len(codes)), key=lambda i: codes[i])  # sorted() is stable
+    off = [0]
+    for k in range(n):
+        off.append(off[-1] + sum(1 for c in codes if c == k))
+    return order, off

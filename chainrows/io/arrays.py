@@ -50,11 +50,6 @@ def offsets_from_lengths(lengths) -> np.ndarray:
     return off
 
 
-def offsets_from_owner(owner: np.ndarray, n: int) -> np.ndarray:
-    """Offsets of ``n`` groups from each item's (non-decreasing) group index."""
-    return offsets_from_lengths(np.bincount(owner, minlength=n).astype(np.int64))
-
-
 def range_index(starts, lengths) -> np.ndarray:
     """Concatenation of ``arange(s, s + n)`` for each (s, n), vectorised."""
     lengths = np.asarray(lengths, dtype=np.int64)

@@ -22,10 +22,11 @@ import pyarrow.compute as pc
 from chainrows.engine.align import aligned_positions
 from chainrows.engine.batch import MISSING, NO_OUTPUT, NO_TOKENS, ROOT, readonly
 from chainrows.engine.chunks import balanced_chunks, even_chunks
+from chainrows.engine.dense import group_order
 from chainrows.engine.strjoin import index_groups, join_groups, new_tables, probe_groups, table_offsets
 from chainrows.engine.threads import run
 from chainrows.io.arrays import (
-    list_offsets, offsets_from_lengths, offsets_from_owner, one_chunk, range_index, string_parts,
+    list_offsets, offsets_from_lengths, one_chunk, range_index, string_parts,
 )
 from chainrows.io.errors import InputError
 from chainrows.io.take import take_rows
@@ -69,12 +70,12 @@ class RolloutJoin:
 
 def join_rollouts(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> RolloutJoin:
     ids, (l_r, t_r, ro_r) = _encode_sorted([ledger["rollout_id"], tokens["rollout_id"], rollouts["rollout_id"]])
-    order = np.argsort(l_r, kind="stable")
+    order, call_off = group_order(l_r, len(ids))
     call_row = None
-    if np.any(order != np.arange(len(order))):
-        call_row = order.astype(np.int64)
-        l_r = l_r[order]
-    return RolloutJoin(ids, ledger, call_row, l_r, t_r, ro_r, offsets_from_owner(l_r, len(ids)))
+    if np.any(l_r[1:] < l_r[:-1]):
+        call_row = order
+        l_r = np.repeat(np.arange(len(ids), dtype=np.int64), np.diff(call_off))
+    return RolloutJoin(ids, ledger, call_row, l_r, t_r, ro_r, call_off)
 
 
 @dataclass(frozen=True)
