@@ -126,6 +126,10 @@ def test_candidate_index_kernel_matches_lexsort(sizes, n_lens, n_hashes, seed):
     expected = with_keys[np.lexsort((whole[with_keys], key_len[with_keys], rollout[with_keys]))]
     cand_off = np.concatenate(([0], np.cumsum(np.bincount(rollout[with_keys], minlength=R)))).astype(np.int64)
     got = np.full(len(with_keys), -1, dtype=np.int64)
-    # read-only inputs, as build_batch passes them (one compiled signature)
-    candidate_index(readonly(call_off), readonly(key_len), readonly(whole), readonly(cand_off), got)
+    # read-only inputs, as build_batch passes them (one compiled signature); the rollouts in
+    # three parts, as threads get them
+    cuts = np.sort(rng.integers(0, R + 1, 2))
+    for part in ([0, cuts[0]], [cuts[0], cuts[1]], [cuts[1], R]):
+        candidate_index(np.array(part, dtype=np.int64), readonly(call_off), readonly(key_len), readonly(whole),
+                        readonly(cand_off), got)
     assert np.array_equal(got, expected)

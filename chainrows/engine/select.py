@@ -21,7 +21,7 @@ import numpy as np
 
 from chainrows.engine._jit import jit
 from chainrows.engine.batch import readonly
-from chainrows.engine.chunks import even_chunks
+from chainrows.engine.chunks import balanced_chunks, even_chunks
 from chainrows.engine.threads import run
 from chainrows.reasons import (
     D_ACCEPTED, D_AMBIGUOUS, D_NO_OUTPUT, D_OUT_OF_ORDER, D_TERMINAL_NOT_LAST, D_UNMATCHED,
@@ -65,16 +65,17 @@ def _before(a, b, key_len, whole):
 
 
 @jit
-def candidate_index(call_off, key_len, whole, cand_off, cand_call):
+def candidate_index(chunks, call_off, key_len, whole, cand_off, cand_call):
     """cand_call[cand_off[r]:cand_off[r+1]] = the calls of rollout r that have item keys, sorted
-    by (item count, hash of all their keys, call index); cand_off counts them per rollout.
+    by (item count, hash of all their keys, call index), for the rollouts chunks[0]:chunks[-1];
+    cand_off counts them per rollout.
 
     Plain-Python definition: ``np.lexsort((whole, key_len, rollout))`` over the calls with keys.
     A Shell sort per rollout (gaps 1, 4, 13, ...): an insertion sort on the few calls a rollout
-    usually has, and no quadratic time on a 100,000-call one. One thread, no np.argsort: both
-    add seconds to the cold compile (docs/decisions-engine.md).
+    usually has, and no quadratic time on a 100,000-call one. No np.argsort and no prange:
+    both add seconds to the cold compile (docs/decisions-engine.md).
     """
-    for r in range(len(call_off) - 1):
+    for r in range(chunks[0], chunks[-1]):
         a = cand_off[r]
         n = 0
         for c in range(call_off[r], call_off[r + 1]):
@@ -119,7 +120,8 @@ def build_candidates(call_off: np.ndarray, key_off: np.ndarray, item_keys: np.nd
     off = np.zeros(len(call_off), dtype=np.int64)
     np.cumsum(np.bincount(call_rollout[key_len > 0], minlength=len(call_off) - 1), out=off[1:])
     call = np.empty(int(off[-1]), dtype=np.int64)
-    candidate_index(readonly(call_off), readonly(key_len), readonly(whole), readonly(off), call)
+    rollouts = balanced_chunks(call_off + np.arange(len(call_off)))  # a rollout costs 1 + its calls
+    run(candidate_index, rollouts, readonly(call_off), readonly(key_len), readonly(whole), readonly(off), call)
     return Candidates(off, np.ascontiguousarray(key_len[call]), np.ascontiguousarray(whole[call]), call)
 
 
