@@ -89,6 +89,7 @@ def test_take_rows_equals_arrow_take(list_type):
     got = take_rows(sliced, idx)
     assert got.schema == want.schema
     assert got.equals(want)
+    assert got["maybe"].null_count == want["maybe"].null_count > 0  # null lists taken by block copy
 
 
 STRING_LISTS = st.lists(st.lists(st.sampled_from(["", "a", "bc", "é", "c001", "x" * 30]), max_size=5), max_size=30)
@@ -97,12 +98,15 @@ STRING_LISTS = st.lists(st.lists(st.sampled_from(["", "a", "bc", "é", "c001", "
 @settings(max_examples=120, deadline=None)
 @given(rows=STRING_LISTS, data=st.data(),
        list_type=st.sampled_from([pa.list_, pa.large_list]), string_type=st.sampled_from([pa.string(), pa.large_string()]),
-       chunk=st.integers(1, 9), null_string=st.booleans())
-def test_take_rows_on_string_lists_equals_arrow_take(rows, data, list_type, string_type, chunk, null_string):
+       chunk=st.integers(1, 9), null_string=st.booleans(), null_list=st.booleans())
+def test_take_rows_on_string_lists_equals_arrow_take(rows, data, list_type, string_type, chunk, null_string,
+                                                     null_list):
     """list<string> columns (call_ids, output_ids) in several chunks, sliced, with empty lists
-    and empty strings; a null string inside takes pyarrow's path, with the same result."""
-    if null_string and rows and rows[0]:
-        rows[0][0] = None
+    and empty strings, null strings inside and null lists (output_ids may hold both)."""
+    if null_string:
+        rows = [[None if (i + j) % 3 == 0 else x for j, x in enumerate(r)] for i, r in enumerate(rows)]
+    if null_list:
+        rows = [None if i % 4 == 1 else r for i, r in enumerate(rows)]
     table = pa.table({"ids": pa.array(rows, list_type(string_type)), "n": pa.array(range(len(rows)))})
     table = pa.Table.from_batches(table.to_batches(max_chunksize=chunk)) if rows else table
     start = data.draw(st.integers(0, len(rows)))
@@ -151,7 +155,7 @@ def test_background_writer_raises_the_threads_error_to_the_caller():
     assert inner.tables == [0, 1, 2]
 
 
-def test_string_lists_without_nulls_take_the_block_copy():
+def test_string_lists_take_the_block_copy_with_or_without_nulls():
     from chainrows.io import take
 
     table = pa.table({"ids": pa.array([["a", "bc"], [], ["d"]] * 5, pa.list_(pa.string()))})
@@ -161,6 +165,6 @@ def test_string_lists_without_nulls_take_the_block_copy():
         got = take_rows(table, np.array([2, 0, 0, 1]))
         assert got["ids"].to_pylist() == [["d"], ["a", "bc"], ["a", "bc"], []]
         assert len(calls) == 2  # lengths and bytes: not pyarrow's take
-        with_null = pa.table({"ids": pa.array([["a", None]], pa.list_(pa.string()))})
-        assert take_rows(with_null, np.array([0, 0]))["ids"].to_pylist() == [["a", None]] * 2
-        assert len(calls) == 2
+        with_null = pa.table({"ids": pa.array([["a", None], None], pa.list_(pa.string()))})
+        assert take_rows(with_null, np.array([1, 0, 0]))["ids"].to_pylist() == [None, ["a", None], ["a", None]]
+        assert len(calls) == 5  # and the strings' validity: still not pyarrow's take

@@ -10,50 +10,67 @@ from chainrows.io.arrays import list_offsets, string_parts
 
 
 def _lists_of(col: pa.ChunkedArray, *value_kinds) -> bool:
-    """``col`` is a list or large_list column without null lists whose values pass one of
-    ``value_kinds`` (pa.types predicates)."""
+    """``col`` is a list or large_list column whose values pass one of ``value_kinds``
+    (pa.types predicates)."""
     t = col.type
-    return ((pa.types.is_list(t) or pa.types.is_large_list(t)) and col.null_count == 0 and
-            any(kind(t.value_type) for kind in value_kinds))
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and any(kind(t.value_type) for kind in value_kinds)
 
 
-def _value_chunks(col: pa.ChunkedArray) -> list[pa.Array] | None:
-    """The chunks of a list column to gather from, or None when a value is null (then pyarrow's
-    take, which keeps the validity, does it)."""
-    chunks = [c for c in col.chunks if len(c)] or [col.combine_chunks()]
-    return None if any(c.values.null_count for c in chunks) else chunks
+def _chunks(col: pa.ChunkedArray) -> list[pa.Array]:
+    """The chunks of a list column to gather from (empty ones left out: they hold no rows)."""
+    return [c for c in col.chunks if len(c)] or [col.combine_chunks()]
 
 
-def _list_array(t: pa.DataType, offsets: np.ndarray, values: pa.Array) -> pa.Array:
-    """A list or large_list array of type ``t`` from int64 ``offsets`` and its ``values``."""
+def _validity(arrays: list[pa.Array], idx: np.ndarray | None = None) -> np.ndarray | None:
+    """The validity of the arrays' elements end to end (rows ``idx`` of it), as bools; None
+    when none is null."""
+    if not any(a.null_count for a in arrays):
+        return None
+    valid = np.concatenate([np.asarray(a.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+                            for a in arrays])
+    return valid if idx is None else valid[idx]
+
+
+def _bitmap(valid: np.ndarray | None):
+    """An Arrow validity bitmap (offset 0) of bools, None for none null (pyarrow packs a
+    boolean array's bools into bits, the layout of a validity bitmap)."""
+    return None if valid is None else pa.array(valid, pa.bool_()).buffers()[1]
+
+
+def _list_array(t: pa.DataType, offsets: np.ndarray, values: pa.Array, valid=None) -> pa.Array:
+    """A list or large_list array of type ``t`` from int64 ``offsets`` and its ``values``;
+    ``valid``: bools per list, False for a null one (None: none is null)."""
     wide = pa.types.is_large_list(t)
     arr = pa.array(offsets.astype(np.int64 if wide else np.int32, copy=False))
-    return (pa.LargeListArray if wide else pa.ListArray).from_arrays(arr, values, type=t)
+    mask = None if valid is None else pa.array(~valid, pa.bool_())
+    return (pa.LargeListArray if wide else pa.ListArray).from_arrays(arr, values, type=t, mask=mask)
 
 
 def _take_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
-    chunks = _value_chunks(col)
-    if chunks is None:
-        return col.take(pa.array(idx)).combine_chunks()
+    chunks = _chunks(col)
+    if any(c.values.null_count for c in chunks):
+        return col.take(pa.array(idx)).combine_chunks()  # a null number inside: pyarrow keeps it
     new_off, new_values = take_ragged_chunks([list_offsets(c) for c in chunks],
                                              [c.values.to_numpy(zero_copy_only=True) for c in chunks], idx)
-    return _list_array(col.type, new_off, pa.array(new_values, col.type.value_type))
+    return _list_array(col.type, new_off, pa.array(new_values, col.type.value_type), _validity(chunks, idx))
 
 
 def _take_string_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
     """A list<string> column's rows ``idx``: a row's strings are a run of string lengths and a
-    run of bytes, so two block gathers (lengths, bytes) and two prefix sums rebuild it."""
-    chunks = _value_chunks(col)
-    if chunks is None:
-        return col.take(pa.array(idx)).combine_chunks()
-    list_off, byte_off, lengths, data = [], [], [], []
+    run of bytes, so two block gathers (lengths, bytes) and two prefix sums rebuild it; the
+    validity of the lists, and of the strings (a third block gather) when one is null."""
+    chunks = _chunks(col)
+    list_off, byte_off, lengths, data, string_valid = [], [], [], [], []
+    with_null_strings = any(c.values.null_count for c in chunks)
     for c in chunks:
         lo = list_offsets(c)
-        so, bytes_, _ = string_parts(c.values)
+        so, bytes_, valid = string_parts(c.values)
         list_off.append(lo)
         byte_off.append(so[lo] - so[0])
         lengths.append(np.diff(so))
         data.append(bytes_[so[0]:so[-1]])
+        if with_null_strings:
+            string_valid.append(np.ones(len(so) - 1, dtype=np.uint8) if valid is None else valid.view(np.uint8))
     new_list_off, new_lengths = take_ragged_chunks(list_off, lengths, idx)
     _, new_data = take_ragged_chunks(byte_off, data, idx)
     wide_strings = pa.types.is_large_string(col.type.value_type)
@@ -61,15 +78,18 @@ def _take_string_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
         return col.take(pa.array(idx)).combine_chunks()  # pyarrow's error, or its chunking
     str_off = np.zeros(len(new_lengths) + 1, dtype=np.int64 if wide_strings else np.int32)
     np.cumsum(new_lengths, out=str_off[1:])
+    new_valid = take_ragged_chunks(list_off, string_valid, idx)[1].view(bool) if with_null_strings else None
     strings = (pa.LargeStringArray if wide_strings else pa.StringArray).from_buffers(
-        len(new_lengths), pa.py_buffer(str_off), pa.py_buffer(new_data))
-    return _list_array(col.type, new_list_off, strings)
+        len(new_lengths), pa.py_buffer(str_off), pa.py_buffer(new_data), _bitmap(new_valid),
+        0 if new_valid is None else len(new_valid) - int(np.count_nonzero(new_valid)))
+    return _list_array(col.type, new_list_off, strings, _validity(chunks, idx))
 
 
 def take_rows(table: pa.Table, idx) -> pa.Table:
-    """``table.take(idx)``; list columns of numbers or strings without nulls are gathered one
-    block copy per row, straight from each chunk (pyarrow's take builds them element by
-    element, after concatenating the chunks)."""
+    """``table.take(idx)``; list columns of numbers or strings are gathered one block copy per
+    row, straight from each chunk, null lists and null strings included (pyarrow's take builds
+    them element by element, after concatenating the chunks); a list of numbers holding a null
+    number goes through pyarrow's take."""
     idx = np.asarray(idx, dtype=np.int64)
     cols = [_take_list(c, idx) if _lists_of(c, pa.types.is_integer, pa.types.is_floating)
             else _take_string_list(c, idx) if _lists_of(c, pa.types.is_string, pa.types.is_large_string)
