@@ -89,7 +89,28 @@ def test_take_rows_equals_arrow_take(list_type):
     got = take_rows(sliced, idx)
     assert got.schema == want.schema
     assert got.equals(want)
-    assert got["maybe"].null_count == want["maybe"].null_count > 0  # null lists taken by block copy
+    assert got["maybe"].null_count == want["maybe"].null_count > 0  # the null lists kept
+
+
+@pytest.mark.parametrize("value_type", [pa.int64(), pa.string()])
+def test_null_lists_covering_values_take_the_block_copy(value_type):
+    """A null list may cover values (Arrow allows it; slicing and filtering make such arrays):
+    the block copy keeps them under the null and still equals pyarrow's take logically."""
+    from chainrows.io import take
+
+    values = pa.array([1, 2, 3, 4, 5, 6, 7]).cast(value_type)
+    offsets = pa.array([0, 2, 5, 5, 7], pa.int32())
+    col = pa.ListArray.from_arrays(offsets, values, mask=pa.array([False, True, False, True]))
+    table = pa.Table.from_batches(pa.table({"v": pa.chunked_array([col, col.slice(1)])}).to_batches()).slice(1)
+    idx = np.array([0, 3, 1, 0, 5, 4], dtype=np.int64)
+    calls = []
+    real = take.take_ragged_chunks
+    with mock.patch.object(take, "take_ragged_chunks", lambda *a: calls.append(1) or real(*a)):
+        got = take_rows(table, idx)
+    assert calls  # not pyarrow's take
+    want = table.take(pa.array(idx))
+    assert got.equals(want) and got.to_pylist() == want.to_pylist()
+    got.validate(full=True)
 
 
 STRING_LISTS = st.lists(st.lists(st.sampled_from(["", "a", "bc", "é", "c001", "x" * 30]), max_size=5), max_size=30)

@@ -96,7 +96,7 @@ def _slot_of(tb, mask, h, tag, slot, slot_hash, b0, build_pos, soff, data, psoff
     """The slot of group table ``tb`` holding string v of (psoff, pdata), or the empty slot
     where it would go: linear probing from ``h``; a tag match is confirmed on the bytes.
     At most one round of the table: a table with no empty slot (a bug, the load is <= 1/2)
-    gives an occupied slot of another string, a wrong answer the tests catch, not a hang."""
+    gives an occupied slot of another string, a wrong answer instead of an endless loop."""
     s = h & mask
     at = tb + np.int64(s)
     for _ in range(np.int64(mask) + 1):

@@ -46,12 +46,19 @@ def _list_array(t: pa.DataType, offsets: np.ndarray, values: pa.Array, valid=Non
     return (pa.LargeListArray if wide else pa.ListArray).from_arrays(arr, values, type=t, mask=mask)
 
 
+def _over_int32(t: pa.DataType, n: int) -> bool:
+    """``n`` values or strings do not fit the 32-bit offsets of type ``t`` (list or string)."""
+    return not (pa.types.is_large_list(t) or pa.types.is_large_string(t)) and n > np.iinfo(np.int32).max
+
+
 def _take_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
     chunks = _chunks(col)
     if any(c.values.null_count for c in chunks):
         return col.take(pa.array(idx)).combine_chunks()  # a null number inside: pyarrow keeps it
     new_off, new_values = take_ragged_chunks([list_offsets(c) for c in chunks],
                                              [c.values.to_numpy(zero_copy_only=True) for c in chunks], idx)
+    if _over_int32(col.type, len(new_values)):
+        return col.take(pa.array(idx)).combine_chunks()  # pyarrow's error, or its chunking
     return _list_array(col.type, new_off, pa.array(new_values, col.type.value_type), _validity(chunks, idx))
 
 
@@ -74,7 +81,7 @@ def _take_string_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
     new_list_off, new_lengths = take_ragged_chunks(list_off, lengths, idx)
     _, new_data = take_ragged_chunks(byte_off, data, idx)
     wide_strings = pa.types.is_large_string(col.type.value_type)
-    if not wide_strings and len(new_data) > np.iinfo(np.int32).max:
+    if _over_int32(col.type.value_type, len(new_data)) or _over_int32(col.type, len(new_lengths)):
         return col.take(pa.array(idx)).combine_chunks()  # pyarrow's error, or its chunking
     str_off = np.zeros(len(new_lengths) + 1, dtype=np.int64 if wide_strings else np.int32)
     np.cumsum(new_lengths, out=str_off[1:])
@@ -89,7 +96,9 @@ def take_rows(table: pa.Table, idx) -> pa.Table:
     """``table.take(idx)``; list columns of numbers or strings are gathered one block copy per
     row, straight from each chunk, null lists and null strings included (pyarrow's take builds
     them element by element, after concatenating the chunks); a list of numbers holding a null
-    number goes through pyarrow's take."""
+    number goes through pyarrow's take. The result equals ``table.take(idx)`` logically; a null
+    list keeps the values its range covers, where pyarrow's take leaves it empty (a null list
+    read from Parquet covers none)."""
     idx = np.asarray(idx, dtype=np.int64)
     cols = [_take_list(c, idx) if _lists_of(c, pa.types.is_integer, pa.types.is_floating)
             else _take_string_list(c, idx) if _lists_of(c, pa.types.is_string, pa.types.is_large_string)
