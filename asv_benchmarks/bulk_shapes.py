@@ -150,14 +150,10 @@ def _id_hash_seconds(tables, repeats: int) -> float:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    def strings(t):
-        return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-    def ids(t):  # a string column or a list of strings, list or large_list
-        return strings(t) or ((pa.types.is_list(t) or pa.types.is_large_list(t)) and strings(t.value_type))
+    from chainrows.io.dataset import _has_strings  # a string column, or lists of strings
 
     cols = [_string_values(t.column(name)) for t in tables for name in t.column_names
-            if name != "integrity_error" and ids(t.schema.field(name).type)]  # an error text, not an id
+            if name != "integrity_error" and _has_strings(t.schema.field(name).type)]  # an error text, not an id
     cols = [c for c in cols if c is not None]
     threads = pa.cpu_count()
     pa.set_cpu_count(1)
