@@ -62,6 +62,46 @@ def _check_chunks_gather(lengths, data, dtype):
     assert got.dtype == content.dtype and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("copy_on", ["calling thread", "all threads"])
+def test_take_ragged_chunks_over_many_chunks_and_strided_content(copy_on):
+    # a merge's row group takes rows from dozens of chunks, one kernel call for all of them;
+    # a strided chunk (a view of every other value) is copied contiguous before its address is
+    # taken, and chunks with no rows sit between the others
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(0, 12, size=300)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    content = rng.standard_normal(int(offsets[-1])).astype(np.float32)
+    bounds = np.unique(np.concatenate([[0, 300], rng.integers(0, 300, size=60)]))
+    chunk_offsets, chunk_contents = [], []
+    for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        lo, hi = offsets[a], offsets[b]
+        values = content[lo:hi]
+        if k % 3 == 0:
+            spread = np.zeros(2 * len(values), np.float32)
+            spread[::2] = values
+            values = spread[::2]  # not contiguous
+        chunk_offsets.append(offsets[a:b + 1] - lo)
+        chunk_contents.append(values)
+        if k % 7 == 0:
+            chunk_offsets.append(np.zeros(1, np.int64))
+            chunk_contents.append(np.zeros(0, np.float32))
+    idx = rng.integers(0, 300, size=500)
+    with mock.patch.object(ragged, "PARALLEL_MIN_BYTES", 0 if copy_on == "all threads" else 1 << 62):
+        got_off, got = take_ragged_chunks(chunk_offsets, chunk_contents, idx)
+    want_off, want = naive_take_ragged(offsets, content, idx)
+    assert np.array_equal(got_off, want_off)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("offsets", [[np.array([0, 1]), np.array([0, 3])],   # past its own chunk
+                                     [np.array([0, 1]), np.array([2, 1])],   # decreasing
+                                     [np.array([0, 1]), np.array([-1, 1])],  # before the content
+                                     [np.array([0, 1]), np.array([], np.int64)]])
+def test_take_ragged_chunks_checks_every_chunks_offsets(offsets):
+    with pytest.raises(ValueError):
+        take_ragged_chunks(offsets, [np.zeros(1, np.int32), np.zeros(2, np.int32)], np.array([0]))
+
+
 def test_take_ragged_chunks_refuses_an_index_past_the_last_chunk():
     with pytest.raises(ValueError):
         take_ragged_chunks([np.array([0, 1]), np.array([0, 2])], [np.zeros(1, np.int32), np.zeros(2, np.int32)],

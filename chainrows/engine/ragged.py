@@ -9,6 +9,9 @@ row's bytes as one block (docs/decisions-engine.md).
 from __future__ import annotations
 
 import numpy as np
+import numba
+from numba import types
+from numba.extending import intrinsic
 
 from chainrows.engine._jit import jit
 from chainrows.engine.batch import readonly
@@ -22,24 +25,50 @@ from chainrows.engine.threads import run
 PARALLEL_MIN_BYTES = 16 << 20
 
 
+@intrinsic
+def _byte_pointer(typingctx, address):
+    """The int64 ``address`` as a uint8 pointer, for ``numba.carray``."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.uint8)))
+    return types.CPointer(types.uint8)(types.int64), codegen
+
+
 @jit
-def _scatter_rows(chunks, src_off, content, rows, dst, width, out):
-    """Copy rows ``rows[chunks[0]:chunks[-1]]`` of the ragged bytes (``src_off`` in items of
-    ``width`` bytes, ``content`` uint8) to ``out`` at byte ``dst[j] * width`` each."""
+def _gather_rows(chunks, chunk_address, chunk_bytes, row_chunk, src, dst, out):
+    """Copy rows ``chunks[0]:chunks[-1]``: row ``j``'s bytes ``[src[j], src[j] + dst[j + 1] -
+    dst[j])`` of chunk ``row_chunk[j]`` to ``out[dst[j]:dst[j + 1]]``.
+
+    A chunk is ``chunk_bytes[c]`` bytes at address ``chunk_address[c]`` (int64): one array of
+    addresses passes any number of chunks in one call, where a typed list of arrays costs
+    microseconds per chunk to build. The caller keeps the chunks alive and checks every row's
+    range against its chunk's size. ``row_chunk``, ``src``, ``dst``: int64 (``dst`` one longer)."""
     for j in range(chunks[0], chunks[-1]):
-        s = src_off[rows[j]] * width
-        d = dst[j] * width
-        src = content[s:s + (src_off[rows[j] + 1] - src_off[rows[j]]) * width]
-        target = out[d:d + len(src)]
-        for i in range(len(src)):
-            target[i] = src[i]
+        c = row_chunk[j]
+        n = dst[j + 1] - dst[j]
+        source = numba.carray(_byte_pointer(chunk_address[c]), chunk_bytes[c])[src[j]:src[j] + n]
+        target = out[dst[j]:dst[j] + n]
+        for i in range(n):  # slices of known length: LLVM vectorises this into a block copy
+            target[i] = source[i]
 
 
-def _checked_offsets(offsets: np.ndarray, content: np.ndarray) -> np.ndarray:
-    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-    if len(offsets) > 1 and (offsets[0] < 0 or offsets[-1] > len(content) or np.any(np.diff(offsets) < 0)):
+def _checked_offsets(offsets: list[np.ndarray], contents: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """The chunks' offsets end to end (int64), where each chunk's offsets start in it, and each
+    chunk's number of items (int64); ValueError unless every chunk's offsets are non-decreasing,
+    start at 0 or later and end within its content (one vectorised pass, whatever the number of
+    chunks: the kernel trusts them)."""
+    counts = np.array([len(o) for o in offsets], dtype=np.int64)
+    if np.any(counts < 1):
+        raise ValueError("offsets of a chunk are empty (need rows + 1 entries)")
+    base = np.zeros(len(offsets), dtype=np.int64)
+    np.cumsum(counts[:-1], out=base[1:])
+    flat = np.concatenate(offsets).astype(np.int64, copy=False)
+    last = base + counts - 1
+    steps = np.diff(flat)
+    steps[last[:-1]] = 0  # from one chunk's last entry to the next chunk's first: not a row
+    sizes = np.array([len(c) for c in contents], dtype=np.int64)
+    if np.any(flat[base] < 0) or np.any(flat[last] > sizes) or np.any(steps < 0):
         raise ValueError("offsets outside the content")
-    return offsets
+    return flat, base, sizes
 
 
 def take_ragged(offsets: np.ndarray, content: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -53,34 +82,32 @@ def take_ragged_chunks(offsets: list[np.ndarray], contents: list[np.ndarray],
                        idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``take_ragged`` over a column stored in chunks (``offsets[c]``, ``contents[c]``, all of
     one dtype), ``idx`` counting rows across the chunks in order: each chunk's rows are copied
-    straight into the result, without concatenating the chunks first."""
+    straight into the result, without concatenating the chunks first, by one kernel call over
+    all the rows (a merge's row group takes rows from dozens of chunks: a call per chunk cost
+    more than the copy, docs/decisions-engine.md)."""
     if len(offsets) != len(contents) or not contents:
         raise ValueError("one offsets array per content chunk, at least one")
-    offsets = [_checked_offsets(o, c) for o, c in zip(offsets, contents)]
     dtype = contents[0].dtype
     if any(c.dtype != dtype for c in contents):
         raise ValueError("content chunks of different types")
+    flat, base, sizes = _checked_offsets(offsets, contents)
     idx = np.ascontiguousarray(idx, dtype=np.int64)
     starts = np.zeros(len(offsets) + 1, dtype=np.int64)
     np.cumsum([len(o) - 1 for o in offsets], out=starts[1:])
     if len(idx) and (idx.min() < 0 or idx.max() >= starts[-1]):
         raise ValueError("row index outside the column")
-    chunk_of = np.searchsorted(starts[1:], idx, side="right") if len(offsets) > 1 else np.zeros(len(idx), np.int64)
-    local = idx - starts[chunk_of]
-    picks = [np.flatnonzero(chunk_of == c) for c in range(len(offsets))] if len(offsets) > 1 \
-        else [np.arange(len(idx))]  # positions in idx of each chunk's rows
-    lengths = np.empty(len(idx), dtype=np.int64)
-    for o, sel in zip(offsets, picks):
-        lengths[sel] = o[local[sel] + 1] - o[local[sel]]
-    dst_off = np.zeros(len(idx) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=dst_off[1:])
+    row_chunk = np.searchsorted(starts[1:], idx, side="right") if len(offsets) > 1 else np.zeros(len(idx), np.int64)
+    at = base[row_chunk] + (idx - starts[row_chunk])  # each row's entry in flat
     width = dtype.itemsize
+    src = flat[at] * width
+    dst_off = np.zeros(len(idx) + 1, dtype=np.int64)
+    np.cumsum(flat[at + 1] - flat[at], out=dst_off[1:])
     out = empty(int(dst_off[-1]) * width, np.uint8)  # Arrow's pool: freed pages are reused
-    for o, content, sel in zip(offsets, contents, picks):
-        if len(sel):
-            args = (readonly(o), readonly(np.ascontiguousarray(content).view(np.uint8)),
-                    readonly(np.ascontiguousarray(local[sel])), readonly(dst_off[sel]), width, out)
-            whole = np.array([0, len(sel)], dtype=np.int64)  # one chunk: run() keeps it on this thread
-            run(_scatter_rows, even_chunks(len(sel)) if lengths[sel].sum() * width >= PARALLEL_MIN_BYTES
-                else whole, *args)
+    if len(idx):
+        contents = [np.ascontiguousarray(c) for c in contents]  # alive until the kernel returns
+        address = np.array([c.__array_interface__["data"][0] for c in contents], dtype=np.int64)
+        whole = np.array([0, len(idx)], dtype=np.int64)  # one chunk: run() keeps it on this thread
+        run(_gather_rows, even_chunks(len(idx)) if len(out) >= PARALLEL_MIN_BYTES else whole,
+            readonly(address), readonly(sizes * width), readonly(row_chunk), readonly(src),
+            readonly(dst_off * width), out)
     return dst_off, out.view(dtype)
