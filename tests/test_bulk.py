@@ -10,8 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chainrows import bulk, reference
 from chainrows.api import run_tables
@@ -715,3 +718,20 @@ def test_resume_of_a_stream_whose_plan_no_longer_fits_starts_afresh(dataset, tmp
     assert summary.path == "spill" and again.calls == 2 and "was not resumed" in summary.why
     bulk.run(dataset, tmp_path / "ref", route=MEMORY)
     assert _bytes(out) == _bytes(tmp_path / "ref")
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.text(alphabet=st.sampled_from(["a", "b", "\x00", "é", "\u20ac", "\U0001f600", "\uffff"]),
+                            max_size=4), max_size=30),
+       bound=st.text(alphabet=st.sampled_from(["a", "b", "\x00", "é", "\u20ac", "\U0001f600"]), max_size=4),
+       chunks=st.integers(1, 3))
+def test_rows_up_to_counts_what_arrow_compares_as_at_most_the_bound(ids, bound, chunks):
+    # the merge's binary search compares ids as Python strings; a run is sorted by Arrow on
+    # UTF-8 bytes: the count must be Arrow's, non-ASCII, NUL, prefixes and repeats included
+    from chainrows.bulk.runs import rows_up_to
+    arr = pa.array(ids, pa.string())
+    arr = arr.take(pc.sort_indices(arr))
+    cut = [len(ids) * k // chunks for k in range(chunks + 1)]
+    col = pa.chunked_array([arr[a:b] for a, b in zip(cut[:-1], cut[1:])], pa.string())
+    want = int(pc.sum(pc.less_equal(col, bound)).as_py() or 0)
+    assert rows_up_to(col, bound) == want

@@ -11,6 +11,7 @@ from unittest import mock
 from chainrows.engine import ragged
 from chainrows.engine.ragged import take_ragged, take_ragged_chunks
 from chainrows.io.background import BackgroundWriter
+from chainrows.io import take as take_module
 from chainrows.io.take import take_rows
 
 
@@ -145,7 +146,8 @@ def test_null_lists_covering_values_take_the_block_copy(value_type):
     idx = np.array([0, 3, 1, 0, 5, 4], dtype=np.int64)
     calls = []
     real = take.take_ragged_chunks
-    with mock.patch.object(take, "take_ragged_chunks", lambda *a: calls.append(1) or real(*a)):
+    with mock.patch.object(take, "take_ragged_chunks", lambda *a: calls.append(1) or real(*a)), \
+            mock.patch.object(take, "STRING_BLOCK_MIN_ROWS", 0):  # two chunks, six rows: copy them anyway
         got = take_rows(table, idx)
     assert calls  # not pyarrow's take
     want = table.take(pa.array(idx))
@@ -159,11 +161,17 @@ STRING_LISTS = st.lists(st.lists(st.sampled_from(["", "a", "bc", "é", "c001", "
 @settings(max_examples=120, deadline=None)
 @given(rows=STRING_LISTS, data=st.data(),
        list_type=st.sampled_from([pa.list_, pa.large_list]), string_type=st.sampled_from([pa.string(), pa.large_string()]),
-       chunk=st.integers(1, 9), null_string=st.booleans(), null_list=st.booleans())
+       chunk=st.integers(1, 9), null_string=st.booleans(), null_list=st.booleans(), blocks=st.booleans())
 def test_take_rows_on_string_lists_equals_arrow_take(rows, data, list_type, string_type, chunk, null_string,
-                                                     null_list):
+                                                     null_list, blocks):
     """list<string> columns (call_ids, output_ids) in several chunks, sliced, with empty lists
-    and empty strings, null strings inside and null lists (output_ids may hold both)."""
+    and empty strings, null strings inside and null lists (output_ids may hold both); block
+    copies whatever the chunk count, or only where they pay (else pyarrow's take)."""
+    with mock.patch.object(take_module, "STRING_BLOCK_MIN_ROWS", 0 if blocks else take_module.STRING_BLOCK_MIN_ROWS):
+        _check_string_list_take(rows, data, list_type, string_type, chunk, null_string, null_list)
+
+
+def _check_string_list_take(rows, data, list_type, string_type, chunk, null_string, null_list):
     if null_string:
         rows = [[None if (i + j) % 3 == 0 else x for j, x in enumerate(r)] for i, r in enumerate(rows)]
     if null_list:
@@ -214,6 +222,24 @@ def test_background_writer_raises_the_threads_error_to_the_caller():
             w.write(i)
         w.close()
     assert inner.tables == [0, 1, 2]
+
+
+def test_string_lists_of_a_few_rows_from_many_chunks_take_pyarrows_take():
+    # a merge's row group: ~100 rows of short call_ids lists from ~44 chunks; the block copy's
+    # per-chunk cost is then most of the take
+    from chainrows.io import take
+
+    rows = [[f"c{i}", f"c{i + 1}"] for i in range(40 * 20)]
+    table = pa.Table.from_batches(pa.table({"ids": pa.array(rows, pa.list_(pa.string()))}).to_batches(max_chunksize=20))
+    idx = np.arange(0, 800, 7)[::-1]
+    calls = []
+    real = take.take_ragged_chunks
+    with mock.patch.object(take, "take_ragged_chunks", lambda *a: calls.append(1) or real(*a)):
+        assert take_rows(table, idx)["ids"].to_pylist() == [rows[i] for i in idx]
+        assert not calls
+        many = np.tile(np.arange(800), 4)  # 160 rows per chunk: the block copy pays
+        assert take_rows(table, many)["ids"].to_pylist() == [rows[i] for i in many]
+        assert len(calls) == 2
 
 
 def test_string_lists_take_the_block_copy_with_or_without_nulls():

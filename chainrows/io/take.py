@@ -8,6 +8,8 @@ import pyarrow as pa
 from chainrows.engine.ragged import take_ragged_chunks
 from chainrows.io.arrays import list_offsets, string_parts
 
+STRING_BLOCK_MIN_ROWS = 64  # rows taken per chunk from which list<string> block copies pay
+
 
 def _lists_of(col: pa.ChunkedArray, *value_kinds) -> bool:
     """``col`` is a list or large_list column whose values pass one of ``value_kinds``
@@ -92,15 +94,26 @@ def _take_string_list(col: pa.ChunkedArray, idx: np.ndarray) -> pa.Array:
     return _list_array(col.type, new_list_off, strings, _validity(chunks, idx))
 
 
+def _string_blocks_pay(col: pa.ChunkedArray, n_rows: int) -> bool:
+    """Block copies beat pyarrow's take on a list<string> column: one chunk, or at least
+    STRING_BLOCK_MIN_ROWS rows taken per chunk (the block copy costs tens of microseconds per
+    chunk, pyarrow's take tens of nanoseconds per string)."""
+    chunks = sum(1 for c in col.chunks if len(c))
+    return chunks <= 1 or n_rows >= STRING_BLOCK_MIN_ROWS * chunks
+
+
 def take_rows(table: pa.Table, idx) -> pa.Table:
-    """``table.take(idx)``; list columns of numbers or strings are gathered one block copy per
-    row, straight from each chunk, null lists and null strings included (pyarrow's take builds
-    them element by element, after concatenating the chunks); a list of numbers holding a null
-    number goes through pyarrow's take. The result equals ``table.take(idx)`` logically; a null
-    list keeps the values its range covers, where pyarrow's take leaves it empty (a null list
-    read from Parquet covers none)."""
+    """``table.take(idx)``; list columns of numbers are gathered one block copy per row,
+    straight from each chunk, null lists included (pyarrow's take builds them element by
+    element, after concatenating the chunks); so are list<string> columns when that pays
+    (``_string_blocks_pay``: a merge's row group takes a hundred rows of short call_ids lists
+    from ~44 chunks), null strings included. A list of numbers holding a null number goes
+    through pyarrow's take. The result equals ``table.take(idx)`` logically; a null list keeps
+    the values its range covers, where pyarrow's take leaves it empty (a null list read from
+    Parquet covers none)."""
     idx = np.asarray(idx, dtype=np.int64)
     cols = [_take_list(c, idx) if _lists_of(c, pa.types.is_integer, pa.types.is_floating)
             else _take_string_list(c, idx) if _lists_of(c, pa.types.is_string, pa.types.is_large_string)
+            and _string_blocks_pay(c, len(idx))
             else c.take(pa.array(idx)) for c in table.columns]
     return pa.Table.from_arrays(cols, schema=table.schema)
