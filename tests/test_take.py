@@ -94,13 +94,23 @@ def test_take_ragged_chunks_over_many_chunks_and_strided_content(copy_on):
     assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("offsets", [[np.array([0, 1]), np.array([0, 3])],   # past its own chunk
-                                     [np.array([0, 1]), np.array([2, 1])],   # decreasing
-                                     [np.array([0, 1]), np.array([-1, 1])],  # before the content
-                                     [np.array([0, 1]), np.array([], np.int64)]])
-def test_take_ragged_chunks_checks_every_chunks_offsets(offsets):
+GOOD = np.array([0, 1])
+
+
+@pytest.mark.parametrize("bad", [np.array([0, 3]),              # past its own chunk's content
+                                 np.array([2, 1]),              # decreasing
+                                 np.array([0, 2, 1]),           # decreasing on its last step
+                                 np.array([-1, 1]),             # before the content
+                                 np.array([], np.int64)])       # not even the first offset
+@pytest.mark.parametrize("at", [0, 1, 3])  # first, between the others, last
+def test_take_ragged_chunks_checks_every_chunks_offsets(bad, at):
+    # the checks run over all chunks end to end in one pass: a bad chunk anywhere is refused,
+    # a chunk with no rows ([0]) beside it included, whichever row is asked for
+    offsets = [GOOD, GOOD, np.array([0]), GOOD]
+    offsets[at] = bad
+    contents = [np.zeros(2, np.int32) for _ in offsets]
     with pytest.raises(ValueError):
-        take_ragged_chunks(offsets, [np.zeros(1, np.int32), np.zeros(2, np.int32)], np.array([0]))
+        take_ragged_chunks(offsets, contents, np.array([0]))
 
 
 def test_take_ragged_chunks_refuses_an_index_past_the_last_chunk():
@@ -237,8 +247,11 @@ def test_string_lists_of_a_few_rows_from_many_chunks_take_pyarrows_take():
     with mock.patch.object(take, "take_ragged_chunks", lambda *a: calls.append(1) or real(*a)):
         assert take_rows(table, idx)["ids"].to_pylist() == [rows[i] for i in idx]
         assert not calls
-        many = np.tile(np.arange(800), 4)  # 160 rows per chunk: the block copy pays
-        assert take_rows(table, many)["ids"].to_pylist() == [rows[i] for i in many]
+        below = np.arange(64 * 40 - 1) % 800  # one row short of 64 per chunk on average
+        assert take_rows(table, below)["ids"].to_pylist() == [rows[i] for i in below]
+        assert not calls
+        enough = np.arange(64 * 40) % 800  # 64 per chunk: the block copy pays
+        assert take_rows(table, enough)["ids"].to_pylist() == [rows[i] for i in enough]
         assert len(calls) == 2
 
 

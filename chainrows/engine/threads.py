@@ -68,14 +68,15 @@ def run(kernel, chunks: np.ndarray, *args) -> None:
         kernel(chunks, *args)
         return
     futures, here = [], [split[0]]
-    pool = _pool()
-    for a, b in split[1:]:
-        try:
-            futures.append(pool.submit(kernel, chunks[a:b + 1], *args))
-        except RuntimeError:  # the interpreter is shutting down: no new threads, run it here
-            here.append((a, b))
     error = None
-    try:
+    try:  # from the first submit on, an error or interrupt still waits for the submitted parts:
+        # a kernel may read memory only the caller keeps alive (e.g. chunks passed by address)
+        pool = _pool()
+        for a, b in split[1:]:
+            try:
+                futures.append(pool.submit(kernel, chunks[a:b + 1], *args))
+            except RuntimeError:  # the interpreter is shutting down: no new threads, run it here
+                here.append((a, b))
         for a, b in here:
             kernel(chunks[a:b + 1], *args)
     except BaseException as err:  # noqa: BLE001 - re-raised once the other parts are done
