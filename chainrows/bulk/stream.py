@@ -107,11 +107,11 @@ class Windows:
         batches) at once, one gather per column (a take per piece cost more than its copy: ~90
         pieces a step); the pieces with rows decided later are kept whole (copying their rest
         every step would cost more)."""
-        done = np.concatenate([d for _, d in pieces]) if pieces else np.zeros(0, np.int64)
-        here = np.flatnonzero(done == k)
-        rows = concat([t for t, _ in pieces], self.schemas[name]) if len(here) else self.schemas[name].empty_table()
-        taken = take(rows, here, slices=name == "tokens") if len(here) else rows
-        return concat([taken], self.schemas[name]), [(t, d) for t, d in pieces if np.any(d > k)]
+        held = [(t, d) for t, d in pieces if np.any(d > k)]
+        here = np.flatnonzero(np.concatenate([d for _, d in pieces]) == k) if pieces else ()
+        if not len(here):
+            return self.schemas[name].empty_table(), held
+        return take(concat([t for t, _ in pieces], self.schemas[name]), here, slices=name == "tokens"), held
 
 
 def stream_windows(dataset_dir, plan: WindowPlan, schemas: dict[str, pa.Schema],
