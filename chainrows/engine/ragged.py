@@ -92,8 +92,8 @@ def take_ragged_chunks(offsets: list[np.ndarray], contents: list[np.ndarray],
         raise ValueError("content chunks of different types")
     flat, base, sizes = _checked_offsets(offsets, contents)
     idx = np.ascontiguousarray(idx, dtype=np.int64)
-    starts = np.zeros(len(offsets) + 1, dtype=np.int64)
-    np.cumsum([len(o) - 1 for o in offsets], out=starts[1:])
+    starts = np.zeros(len(offsets) + 1, dtype=np.int64)  # each chunk's first row
+    np.cumsum(np.diff(base, append=len(flat)) - 1, out=starts[1:])
     if len(idx) and (idx.min() < 0 or idx.max() >= starts[-1]):
         raise ValueError("row index outside the column")
     row_chunk = np.searchsorted(starts[1:], idx, side="right") if len(offsets) > 1 else np.zeros(len(idx), np.int64)

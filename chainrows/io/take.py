@@ -98,8 +98,8 @@ def _string_blocks_pay(col: pa.ChunkedArray, n_rows: int) -> bool:
     """Block copies beat pyarrow's take on a list<string> column: one non-empty chunk, or on
     average at least STRING_BLOCK_MIN_ROWS rows taken per non-empty chunk (the block copy
     costs tens of microseconds per chunk, pyarrow's take tens of nanoseconds per string)."""
-    chunks = sum(1 for c in col.chunks if len(c))
-    return chunks <= 1 or n_rows >= STRING_BLOCK_MIN_ROWS * chunks
+    chunks = len(_chunks(col))
+    return chunks == 1 or n_rows >= STRING_BLOCK_MIN_ROWS * chunks
 
 
 def take_rows(table: pa.Table, idx) -> pa.Table:
