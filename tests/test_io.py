@@ -1023,3 +1023,92 @@ def test_parts_writer_raises_an_encoder_error_and_stops(tmp_path, monkeypatch):
     assert calls  # the encoder's own error, raised on the writing thread
     with pytest.raises(RuntimeError, match="closed"):
         w.write(rows)
+
+
+# ----------------------------------------------------------------------------- API input checks
+
+def _bad_utf8(arr: pa.ChunkedArray, row: int) -> pa.Array:
+    """``arr`` with row ``row`` turned into bytes that are not UTF-8."""
+    vals = [None if v is None else v.encode() for v in arr.to_pylist()]
+    vals[row] = (vals[row] or b"") + b"\xff\xfe\xc3"
+    b = pa.array(vals, pa.binary())
+    return pa.Array.from_buffers(pa.string(), len(b), b.buffers(), null_count=b.null_count)
+
+
+def _serial_error(tables) -> str:
+    """The error of checking the tables one after the other, each wholly (UTF-8 then nulls),
+    before any join: the order build_batch promises whatever runs on its helper thread."""
+    for name, t in zip(("ledger", "tokens", "rollouts"), tables):
+        try:
+            dsmod.normalize(name, t, check_schema(name, t.schema))
+        except (InputError, UnicodeDecodeError) as exc:
+            return str(exc)
+    return ""
+
+
+UTF8_FAULTS = [("ledger", "rollout_id"), ("ledger", "parent_id"), ("tokens", "call_id"),
+               ("rollouts", "group_id"), ("rollouts", "terminal_response_id")]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("utf8_at", UTF8_FAULTS)
+@pytest.mark.parametrize("null_at", [None, ("ledger", "call_id"), ("tokens", "rollout_id"),
+                                     ("rollouts", "rollout_id")])
+def test_api_input_errors_come_in_serial_order(utf8_at, null_at, threads):
+    """The API's UTF-8 checks run beside the joins; the error raised is still the first of
+    checking each table wholly in turn: an invalid string before a null in the same or a later
+    table, a null in an earlier table before it, and before any join's own error."""
+    import numba
+
+    from chainrows import reassemble
+
+    tables = list(_tables())
+    idx = {"ledger": 0, "tokens": 1, "rollouts": 2}
+    t = tables[idx[utf8_at[0]]]
+    tables[idx[utf8_at[0]]] = _replace_column(t, utf8_at[1], _bad_utf8(t.column(utf8_at[1]), 1))
+    if null_at is not None:
+        t = tables[idx[null_at[0]]]
+        col = t.column(null_at[1]).to_pylist()
+        col[0] = None
+        tables[idx[null_at[0]]] = _replace_column(t, null_at[1], pa.array(col, t.schema.field(null_at[1]).type))
+    expected = _serial_error(tables)
+    first_utf8 = null_at is None or idx[null_at[0]] >= idx[utf8_at[0]]
+    if first_utf8:
+        assert expected.startswith(f"{utf8_at[0]}: column {utf8_at[1]!r} holds a string that is not valid UTF-8")
+    else:
+        assert expected.startswith(f"{null_at[0]}: column {null_at[1]!r} has a null value")
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        assert _err(reassemble, *tables) == expected
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_api_utf8_error_wins_over_a_join_error(monkeypatch, threads):
+    """A join that fails while the UTF-8 checks still run gives way to the invalid string,
+    which a serial run would have reported first; with valid strings the join's error stands."""
+    import numba
+
+    from chainrows import reassemble
+    from chainrows.io import columnar
+
+    def failing_join(*args):
+        raise InputError("rollouts: a join failed")
+
+    monkeypatch.setattr(columnar, "join_items", failing_join)
+    ledger, tokens, rollouts = _tables()
+    bad = _replace_column(ledger, "call_id", _bad_utf8(ledger.column("call_id"), 1))
+    bad_tokens = _replace_column(tokens, "call_id", _bad_utf8(tokens.column("call_id"), 0))
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        assert _err(reassemble, ledger, tokens, rollouts) == "rollouts: a join failed"
+        msg = _err(reassemble, bad, tokens, rollouts)
+        both = _err(reassemble, bad, bad_tokens, rollouts)  # two invalid tables: the first one's
+        assert _err(reassemble, ledger, bad_tokens, rollouts).startswith("tokens: column 'call_id'")
+    finally:
+        numba.set_num_threads(before)
+    assert msg.startswith("ledger: column 'call_id' holds a string that is not valid UTF-8: first at row 1")
+    assert both == msg

@@ -2,8 +2,9 @@
 
 ``build_batch`` runs the named joins of chainrows.io.joins in order and packs their arrays
 into a Batch. Rollouts get indices in byte order of their ids, so the engine's output is
-already sorted by rollout_id. With more than one thread (Numba's and Arrow's), the token and
-logprob buffers are made on a helper thread while the ids are joined.
+already sorted by rollout_id. With more than one thread (Numba's and Arrow's), a helper thread
+checks the tables' strings (UTF-8) and makes the token and logprob buffers while the ids are
+joined.
 """
 
 from __future__ import annotations
@@ -43,9 +44,20 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     same treatment as files. For tables that already come from the reader this is a cheap
     no-op pass (no casts; one scan of the id strings and the null bitmaps).
     """
-    ledger = _canonical("ledger", ledger)
-    tokens = _canonical("tokens", tokens)
-    rollouts = _canonical("rollouts", rollouts)
+    utf8 = _Utf8Checks()
+    try:
+        batch, labels = _build(ledger, tokens, rollouts, utf8)
+    except Exception:
+        utf8.raise_first()  # checked first when run serially, so its error wins
+        raise
+    utf8.raise_first()
+    return batch, labels
+
+
+def _build(ledger, tokens, rollouts, utf8: _Utf8Checks) -> tuple[Batch, Labels]:
+    ledger = _canonical("ledger", ledger, utf8)
+    tokens = _canonical("tokens", tokens, utf8)
+    rollouts = _canonical("rollouts", rollouts, utf8)
     buffers = _submit(token_buffers, tokens)  # depends on nothing else
     ro = join_rollouts(ledger, tokens, rollouts)
     calls = join_calls(ro, tokens)
@@ -120,9 +132,38 @@ def _submit(fn, *args):
     return _POOL.submit(fn, *args)
 
 
-def _canonical(name: str, table) -> pa.Table:
+class _Utf8Checks:
+    """The tables' UTF-8 checks, on the helper thread (:func:`_submit`) while the joins run.
+
+    Run serially, a table's UTF-8 check comes before its null check and every join, so an
+    error raised meanwhile gives way to the first failing check submitted before it. The
+    joins compare ids as bytes and never decode them, so they may run on strings not yet
+    checked; an error message that decodes one (a null check's) is replaced anyway."""
+
+    def __init__(self):
+        self._pending = []
+
+    def __call__(self, name, file, table, row0):
+        from chainrows.io.dataset import check_utf8
+
+        self._pending.append(_submit(check_utf8, name, file, table, row0))
+
+    def raise_first(self) -> None:
+        """Wait for every submitted check; raise the error of the first that failed."""
+        pending, self._pending = self._pending, []
+        errors = []
+        for check in pending:
+            try:
+                check.result()
+            except Exception as exc:  # noqa: BLE001 - re-raised below, in submission order
+                errors.append(exc)
+        if errors:
+            raise errors[0] from None
+
+
+def _canonical(name: str, table, utf8_check=None) -> pa.Table:
     from chainrows.io.dataset import check_schema, normalize
 
     if not isinstance(table, pa.Table):
         raise TypeError(f"{name}: expected a pyarrow.Table, got {type(table).__name__}")
-    return normalize(name, table, check_schema(name, table.schema))
+    return normalize(name, table, check_schema(name, table.schema), utf8_check=utf8_check)

@@ -322,7 +322,7 @@ def _first_invalid(arr: pa.Array) -> int:
     return lo
 
 
-def _check_utf8(name, file, table: pa.Table, row0: int) -> None:
+def check_utf8(name, file, table: pa.Table, row0: int = 0) -> None:
     """Strings must be valid UTF-8 (Parquet readers do not check it): an id with invalid bytes
     cannot be compared, printed or written back reliably, so it is unusable input."""
     for col_name in table.column_names:  # canonical order: rollout_id first
@@ -367,10 +367,12 @@ def _raise_null(name, file, table, col_name, row, row0, what):
 
 
 def normalize(name: str, table: pa.Table, columns: Sequence[str], file: Path | None = None,
-              row0: int = 0) -> pa.Table:
+              row0: int = 0, utf8_check=None) -> pa.Table:
     """Cast a validated table (from one file) to the canonical types, add the missing
-    fill-with-null optional columns, check nulls. ``row0``: file row of the table's first row
-    (for messages). Raises InputError."""
+    fill-with-null optional columns, check UTF-8 and nulls. ``row0``: file row of the table's
+    first row (for messages). ``utf8_check``: called as ``utf8_check(name, file, table, row0)``
+    on the cast table where the UTF-8 check belongs (None: :func:`check_utf8`, here and now); a
+    caller that runs it elsewhere owns raising its error in this order. Raises InputError."""
     arrays, fields = [], []
     for col_name in columns:
         canon = CANONICAL[name].field(col_name)
@@ -381,7 +383,7 @@ def normalize(name: str, table: pa.Table, columns: Sequence[str], file: Path | N
         arrays.append(arr)
         fields.append(pa.field(col_name, arr.type))
     out = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-    _check_utf8(name, file, out, row0)  # first: the null check's message decodes rollout ids
+    (utf8_check or check_utf8)(name, file, out, row0)  # first: the null check's message decodes rollout ids
     _check_nulls(name, file, out, row0)
     return _empty_for_null_lists(out)
 
