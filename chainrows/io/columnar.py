@@ -60,14 +60,16 @@ def _build(ledger, tokens, rollouts, utf8: _Utf8Checks) -> tuple[Batch, Labels]:
     rollouts = _canonical("rollouts", rollouts, utf8)
     buffers = _submit(token_buffers, tokens)  # depends on nothing else
     ro = join_rollouts(ledger, tokens, rollouts)
+    records = _submit(Records, rollouts, ro.of_record, ro.n)  # takes (copies) the rollouts rows
+    per_call = _submit(_call_columns, ro)
     calls = join_calls(ro, tokens)
     toks = join_tokens(calls, len(ro.of_call), buffers)
-    rec = Records(rollouts, ro.of_record, ro.n)
+    rec = records.result()
     resp = join_responses(ro, rec)
     items = join_items(ro, rec)
     cand = build_candidates(ro.call_off, items.key_off, items.item_keys, ro.of_call)
     rew = join_rewards(rec, ro.n)
-    led = ro.ledger
+    col = per_call.result()
     batch = Batch(
         call_off=ro.call_off, has_record=rec.has_record, dup_record=rec.dup_record,
         reward=rew.reward, reward_null=rew.reward_null, group=rew.group,
@@ -75,10 +77,8 @@ def _build(ledger, tokens, rollouts, utf8: _Utf8Checks) -> tuple[Batch, Labels]:
         out_served=items.out_served, out_ids_bad_len=items.out_ids_bad_len,
         terminal=resp.terminal, has_acc=resp.has_acc, acc_off=resp.acc_off, acc_call=resp.acc_call,
         cand_off=cand.off, cand_len=cand.length, cand_hash=cand.hash, cand_call=cand.call,
-        parent=calls.parent, prev_len=ro.per_call(int64s(led["prev_len"])),
-        delta_len=ro.per_call(int64s(led["delta_len"])), gen_len=ro.per_call(int64s(led["gen_len"])),
-        chain_hash=ro.per_call(column_values(one_chunk(led["chain_hash"]), np.uint64, "ledger", "chain_hash")),
-        failed=ro.per_call(bools(led["failed"])), integrity_bad=ro.per_call(_integrity_bad(led)),
+        parent=calls.parent, prev_len=col["prev_len"], delta_len=col["delta_len"], gen_len=col["gen_len"],
+        chain_hash=col["chain_hash"], failed=col["failed"], integrity_bad=col["integrity_bad"],
         dup_call_id=calls.dup_call_id,
         dup_response_id=resp.dup_response_id, dup_tokens=toks.duplicated,
         item_ids_bad_len=items.item_ids_bad_len, identified=items.identified,
@@ -87,11 +87,23 @@ def _build(ledger, tokens, rollouts, utf8: _Utf8Checks) -> tuple[Batch, Labels]:
         tok_order=toks.order, has_logprobs=toks.has_logprobs, lp_start=toks.lp_start,
         lp_stop=toks.lp_stop, logprobs=toks.logprobs,
     )
-    labels = Labels(rollout_ids=ro.ids, group_ids=rew.group_ids, call_ids=ro.strings("call_id"),
-                    orphan_token_rows=toks.orphan_rows,
-                    integrity_errors=ro.strings("integrity_error")
-                    if "integrity_error" in led.column_names else None)
+    labels = Labels(rollout_ids=ro.ids, group_ids=rew.group_ids, call_ids=col["call_ids"],
+                    orphan_token_rows=toks.orphan_rows, integrity_errors=col["integrity_errors"])
     return batch, labels
+
+
+def _call_columns(ro) -> dict:
+    """The ledger's per-call columns in batch call order (no join needed beyond the rollouts')."""
+    led = ro.ledger
+    has_errors = "integrity_error" in led.column_names
+    return dict(
+        prev_len=ro.per_call(int64s(led["prev_len"])), delta_len=ro.per_call(int64s(led["delta_len"])),
+        gen_len=ro.per_call(int64s(led["gen_len"])),
+        chain_hash=ro.per_call(column_values(one_chunk(led["chain_hash"]), np.uint64, "ledger", "chain_hash")),
+        failed=ro.per_call(bools(led["failed"])), integrity_bad=ro.per_call(_integrity_bad(led)),
+        call_ids=ro.strings("call_id"),
+        integrity_errors=ro.strings("integrity_error") if has_errors else None,
+    )
 
 
 def _integrity_bad(ledger: pa.Table) -> np.ndarray:
