@@ -130,6 +130,26 @@ def test_helper_threads_inherit_the_callers_thread_count():
         numba.set_num_threads(before)
 
 
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 threads")
+def test_build_helper_runs_each_task_with_its_submitters_thread_count():
+    """build_batch's helper thread serves callers of any thread count: a task runs with the
+    count of the thread that submitted it, not with what an earlier task left there."""
+    import pyarrow as pa
+
+    from chainrows.io import columnar
+
+    if pa.cpu_count() < 2:
+        pytest.skip("the helper runs only with Arrow on more than one thread")
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(2)
+        columnar._submit(numba.set_num_threads, 1).result()  # leaves the helper thread at 1
+        assert columnar._submit(numba.get_num_threads).result() == 2
+        assert columnar._submit(lambda: threading.current_thread().name).result().startswith("chainrows-build")
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_parts_run_on_the_caller_when_no_thread_can_be_started(monkeypatch):
     """After interpreter shutdown has begun, ThreadPoolExecutor.submit raises RuntimeError: the
     parts it refused run on the calling thread, and the ones it took are still waited for."""

@@ -137,11 +137,19 @@ def _submit(fn, *args):
     per allocating thread (``bulk.one_arrow_thread``); a helper thread would undo that.
     """
     global _POOL
-    if numba.get_num_threads() <= 1 or pa.cpu_count() <= 1:
+    threads = numba.get_num_threads()
+    if threads <= 1 or pa.cpu_count() <= 1:
         return _Deferred(fn, *args)
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chainrows-build")
-    return _POOL.submit(fn, *args)
+    return _POOL.submit(_with_threads, threads, fn, *args)
+
+
+def _with_threads(threads: int, fn, *args):
+    """fn(*args) with the submitter's Numba thread count (a kernel it calls splits its work by
+    it; the setting is per thread, and the helper thread serves callers of any count)."""
+    numba.set_num_threads(threads)
+    return fn(*args)
 
 
 class _Utf8Checks:
