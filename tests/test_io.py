@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -1046,6 +1047,25 @@ def _serial_error(tables) -> str:
     return ""
 
 
+class _Threads:
+    """Numba at ``n`` threads and Arrow at least as many (build_batch's helper thread runs only
+    when both allow more than one), restored on exit."""
+
+    def __init__(self, n: int):
+        if n > numba.config.NUMBA_NUM_THREADS:
+            pytest.skip(f"needs {n} threads")
+        self.n = n
+
+    def __enter__(self):
+        self.before = numba.get_num_threads(), pa.cpu_count()
+        numba.set_num_threads(self.n)
+        pa.set_cpu_count(max(self.n, self.before[1]))
+
+    def __exit__(self, *exc):
+        numba.set_num_threads(self.before[0])
+        pa.set_cpu_count(self.before[1])
+
+
 UTF8_FAULTS = [("ledger", "rollout_id"), ("ledger", "parent_id"), ("tokens", "call_id"),
                ("rollouts", "group_id"), ("rollouts", "terminal_response_id")]
 
@@ -1058,8 +1078,6 @@ def test_api_input_errors_come_in_serial_order(utf8_at, null_at, threads):
     """The API's UTF-8 checks run beside the joins; the error raised is still the first of
     checking each table wholly in turn: an invalid string before a null in the same or a later
     table, a null in an earlier table before it, and before any join's own error."""
-    import numba
-
     from chainrows import reassemble
 
     tables = list(_tables())
@@ -1077,20 +1095,14 @@ def test_api_input_errors_come_in_serial_order(utf8_at, null_at, threads):
         assert expected.startswith(f"{utf8_at[0]}: column {utf8_at[1]!r} holds a string that is not valid UTF-8")
     else:
         assert expected.startswith(f"{null_at[0]}: column {null_at[1]!r} has a null value")
-    before = numba.get_num_threads()
-    numba.set_num_threads(threads)
-    try:
+    with _Threads(threads):
         assert _err(reassemble, *tables) == expected
-    finally:
-        numba.set_num_threads(before)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_api_utf8_error_wins_over_a_join_error(monkeypatch, threads):
     """A join that fails while the UTF-8 checks still run gives way to the invalid string,
     which a serial run would have reported first; with valid strings the join's error stands."""
-    import numba
-
     from chainrows import reassemble
     from chainrows.io import columnar
 
@@ -1101,14 +1113,74 @@ def test_api_utf8_error_wins_over_a_join_error(monkeypatch, threads):
     ledger, tokens, rollouts = _tables()
     bad = _replace_column(ledger, "call_id", _bad_utf8(ledger.column("call_id"), 1))
     bad_tokens = _replace_column(tokens, "call_id", _bad_utf8(tokens.column("call_id"), 0))
-    before = numba.get_num_threads()
-    numba.set_num_threads(threads)
-    try:
+    with _Threads(threads):
         assert _err(reassemble, ledger, tokens, rollouts) == "rollouts: a join failed"
         msg = _err(reassemble, bad, tokens, rollouts)
         both = _err(reassemble, bad, bad_tokens, rollouts)  # two invalid tables: the first one's
         assert _err(reassemble, ledger, bad_tokens, rollouts).startswith("tokens: column 'call_id'")
-    finally:
-        numba.set_num_threads(before)
+        assert _err(reassemble, bad, "not a table", rollouts) == msg  # a TypeError comes later
     assert msg.startswith("ledger: column 'call_id' holds a string that is not valid UTF-8: first at row 1")
     assert both == msg
+
+
+def _broken_offsets(arr: pa.ChunkedArray, how: str) -> pa.Array:
+    """A string or list<string> column whose offsets Arrow's quick ``validate()`` accepts and a
+    reader of the bytes would follow out of bounds: a middle string offset past the data
+    (``past``), falling string offsets (``fall``), a middle list offset past the list's
+    values (``list``)."""
+    a = arr.combine_chunks()
+    if how == "list":
+        o = a.offsets.to_numpy().copy()
+        o[1] += 1000
+        return pa.Array.from_buffers(a.type, len(a), [a.buffers()[0], pa.py_buffer(o.tobytes())],
+                                     children=[a.values])
+    if pa.types.is_list(a.type):
+        return pa.Array.from_buffers(a.type, len(a), a.buffers()[:2],
+                                     children=[_broken_offsets(pa.chunked_array([a.values]), how)])
+    _, off, data = a.buffers()
+    o = np.frombuffer(off, dtype=np.int32)[a.offset:a.offset + len(a) + 1].copy()
+    if how == "past":
+        o[1] += 1000
+    else:
+        o[1], o[2] = o[2] + 1, o[1]
+    return pa.Array.from_buffers(pa.string(), len(a), [a.buffers()[0], pa.py_buffer(o.tobytes()), data])
+
+
+_REASSEMBLE_IPC = """
+import sys, numba, pyarrow as pa
+from chainrows import reassemble
+numba.set_num_threads(int(sys.argv[2]))
+pa.set_cpu_count(max(int(sys.argv[2]), pa.cpu_count()))
+tables = [pa.ipc.open_file(f"{sys.argv[1]}/{n}.arrow").read_all() for n in ("ledger", "tokens", "rollouts")]
+try:
+    reassemble(*tables)
+    print("no error")
+except Exception as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("table,column,how", [
+    ("ledger", "rollout_id", "past"), ("ledger", "call_id", "fall"), ("rollouts", "group_id", "past"),
+    ("ledger", "item_ids", "past"), ("ledger", "item_ids", "list"), ("rollouts", "output_ids", "list"),
+])
+def test_api_refuses_broken_string_offsets_before_reading_them(tmp_path, table, column, how, threads):
+    """Tables built by hand can carry string offsets that only Arrow's full validation catches.
+    The UTF-8 check that runs it now runs beside the joins, so the offsets are checked before
+    anything reads the strings: the same error as checking the tables in turn, never a crash
+    (run in a child process, where a read out of bounds would kill only the child)."""
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"needs {threads} threads")
+    tables = dict(zip(("ledger", "tokens", "rollouts"), _tables()))
+    t = tables[table]
+    tables[table] = _replace_column(t, column, _broken_offsets(t.column(column), how))
+    expected = _serial_error(list(tables.values()))
+    assert expected.startswith(f"{table}: column {column!r}")
+    for name, t in tables.items():
+        with pa.ipc.new_file(tmp_path / f"{name}.arrow", t.schema) as w:
+            w.write_table(t)
+    p = subprocess.run([sys.executable, "-c", _REASSEMBLE_IPC, str(tmp_path), str(threads)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == expected

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -322,6 +323,47 @@ def _first_invalid(arr: pa.Array) -> int:
     return lo
 
 
+def _offsets_rise_within(offsets_buf, wide: bool, first: int, n: int, size: int) -> bool:
+    """The ``n + 1`` offsets from entry ``first`` of an offsets buffer never fall and stay
+    within [0, size]."""
+    if n == 0:
+        return True
+    off = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)[first:first + n + 1]
+    return len(off) == n + 1 and off[0] >= 0 and off[-1] <= size and not np.any(off[1:] < off[:-1])
+
+
+def _offsets_ok(arr: pa.Array) -> bool:
+    """A string or list<string> array's offsets are safe to read: Arrow's quick ``validate()``
+    (buffer sizes) and then, what only its full validation checks, offsets that never fall and
+    stay inside their data. The UTF-8 of the bytes is not looked at."""
+    try:
+        arr.validate()
+    except pa.ArrowInvalid:
+        return False
+    t = arr.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return (_offsets_rise_within(arr.buffers()[1], pa.types.is_large_list(t), arr.offset, len(arr),
+                                     len(arr.values)) and _offsets_ok(arr.values))
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        data = arr.buffers()[2]
+        return _offsets_rise_within(arr.buffers()[1], pa.types.is_large_string(t), arr.offset, len(arr),
+                                    data.size if data is not None else 0)
+    return _valid_utf8(arr)  # another string type: its full validation, here and now
+
+
+def check_offsets(name, file, table: pa.Table, row0: int = 0) -> None:
+    """Every string column's offsets are safe to read (:func:`_offsets_ok`), so joins and
+    Arrow's compute functions may run before :func:`check_utf8` does. A column that fails gets
+    :func:`check_utf8` at once, whose error it would have raised (full validation covers the
+    offsets); the fallback message below is for a failure that one does not see."""
+    for col_name in table.column_names:
+        col = table.column(col_name)
+        if _has_strings(col.type) and not all(_offsets_ok(chunk) for chunk in col.chunks):
+            check_utf8(name, file, table, row0)
+            raise InputError(f"column {col_name!r} has string offsets outside its data", table=name,
+                             file=file, column=col_name)
+
+
 def check_utf8(name, file, table: pa.Table, row0: int = 0) -> None:
     """Strings must be valid UTF-8 (Parquet readers do not check it): an id with invalid bytes
     cannot be compared, printed or written back reliably, so it is unusable input."""
@@ -372,7 +414,9 @@ def normalize(name: str, table: pa.Table, columns: Sequence[str], file: Path | N
     fill-with-null optional columns, check UTF-8 and nulls. ``row0``: file row of the table's
     first row (for messages). ``utf8_check``: called as ``utf8_check(name, file, table, row0)``
     on the cast table where the UTF-8 check belongs (None: :func:`check_utf8`, here and now); a
-    caller that runs it elsewhere owns raising its error in this order. Raises InputError."""
+    caller that runs it elsewhere owns raising its error in this order, and the string offsets
+    are checked here first (:func:`check_offsets`), so nothing reads outside a buffer meanwhile.
+    Raises InputError."""
     arrays, fields = [], []
     for col_name in columns:
         canon = CANONICAL[name].field(col_name)
@@ -383,7 +427,11 @@ def normalize(name: str, table: pa.Table, columns: Sequence[str], file: Path | N
         arrays.append(arr)
         fields.append(pa.field(col_name, arr.type))
     out = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-    (utf8_check or check_utf8)(name, file, out, row0)  # first: the null check's message decodes rollout ids
+    if utf8_check is None:
+        check_utf8(name, file, out, row0)  # first: the null check's message decodes rollout ids
+    else:  # the caller runs the UTF-8 check elsewhere; what reads the strings meanwhile needs sound offsets
+        check_offsets(name, file, out, row0)
+        utf8_check(name, file, out, row0)
     _check_nulls(name, file, out, row0)
     return _empty_for_null_lists(out)
 
