@@ -138,9 +138,8 @@ def test_build_helper_runs_each_task_with_its_submitters_thread_count():
 
     from chainrows.io import columnar
 
-    if pa.cpu_count() < 2:
-        pytest.skip("the helper runs only with Arrow on more than one thread")
-    before = numba.get_num_threads()
+    before, arrow_before = numba.get_num_threads(), pa.cpu_count()
+    pa.set_cpu_count(max(2, arrow_before))  # the helper runs only with Arrow on more than one thread
     try:
         numba.set_num_threads(2)
         columnar._submit(numba.set_num_threads, 1).result()  # leaves the helper thread at 1
@@ -148,6 +147,31 @@ def test_build_helper_runs_each_task_with_its_submitters_thread_count():
         assert columnar._submit(lambda: threading.current_thread().name).result().startswith("chainrows-build")
     finally:
         numba.set_num_threads(before)
+        pa.set_cpu_count(arrow_before)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or numba.config.NUMBA_NUM_THREADS < 2, reason="needs fork, 2 threads")
+def test_a_forked_child_gets_its_own_build_helper():
+    """build_batch's helper thread is gone in a forked child as well: a task submitted to the
+    parent's pool would wait forever."""
+    import pyarrow as pa
+
+    from chainrows.io import columnar
+
+    before, arrow_before = numba.get_num_threads(), pa.cpu_count()
+    numba.set_num_threads(2)
+    pa.set_cpu_count(max(2, arrow_before))
+    try:
+        assert columnar._submit(lambda: 7).result() == 7  # the parent's helper exists
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)
+            os._exit(0 if columnar._submit(lambda: 7).result() == 7 else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        numba.set_num_threads(before)
+        pa.set_cpu_count(arrow_before)
 
 
 def test_parts_run_on_the_caller_when_no_thread_can_be_started(monkeypatch):

@@ -9,6 +9,7 @@ joined.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -39,19 +40,26 @@ class Labels:
 def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple[Batch, Labels]:
     """Join the three tables into one Batch.
 
-    The tables go through the reader's SPEC §2 checks first (types, nulls, UTF-8; an InputError
+    The tables go through the reader's SPEC §2 checks (types, nulls, UTF-8; an InputError
     without a file name on unusable input), so Arrow tables handed to the API directly get the
-    same treatment as files. For tables that already come from the reader this is a cheap
-    no-op pass (no casts; one scan of the id strings and the null bitmaps).
+    same treatment as files, and the first failing check's error, as if each table were
+    checked wholly before the next and before any join. The UTF-8 checks run on the helper
+    thread meanwhile (:class:`_Utf8Checks`); everything else before any join. For tables that
+    already come from the reader this is a cheap no-op pass (no casts; one scan of the id
+    strings and the null bitmaps).
     """
     utf8 = _Utf8Checks()
     try:
         batch, labels = _build(ledger, tokens, rollouts, utf8)
     except Exception:
-        utf8.raise_first()  # checked first when run serially, so its error wins
-        raise
-    utf8.raise_first()
-    return batch, labels
+        first = utf8.first_error()  # checked first when run serially, so its error wins
+        if first is None:
+            raise
+    else:
+        first = utf8.first_error()
+        if first is None:
+            return batch, labels
+    raise first  # outside the handler: the error it replaces (and its frames) is not kept as context
 
 
 def _build(ledger, tokens, rollouts, utf8: _Utf8Checks) -> tuple[Batch, Labels]:
@@ -128,6 +136,17 @@ class _Deferred:
 _POOL: ThreadPoolExecutor | None = None
 
 
+def _forget_pool() -> None:
+    """In a forked child the parent's helper thread does not exist: a task submitted to its
+    pool would never run."""
+    global _POOL
+    _POOL = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _submit(fn, *args):
     """fn(*args) on a helper thread when Numba and Arrow may both use more than one (numpy and
     Arrow release the GIL while they copy), else when its result is asked for. ``.result()``
@@ -158,7 +177,10 @@ class _Utf8Checks:
     Run serially, a table's UTF-8 check comes before its null check and every join, so an
     error raised meanwhile gives way to the first failing check submitted before it. The
     joins compare ids as bytes and never decode them, so they may run on strings not yet
-    checked; an error message that decodes one (a null check's) is replaced anyway."""
+    checked (an error message that decodes one, a null check's, is replaced anyway); what
+    they do need, offsets that stay inside their buffers, ``normalize`` checks before the
+    table is used (``check_offsets``: Arrow's full validation was the only check of it). With
+    one thread the checks run when :meth:`first_error` asks for them, after the joins."""
 
     def __init__(self):
         self._pending = []
@@ -168,17 +190,16 @@ class _Utf8Checks:
 
         self._pending.append(_submit(check_utf8, name, file, table, row0))
 
-    def raise_first(self) -> None:
-        """Wait for every submitted check; raise the error of the first that failed."""
+    def first_error(self) -> Exception | None:
+        """Wait for every submitted check; the error of the first that failed, or None."""
         pending, self._pending = self._pending, []
         errors = []
         for check in pending:
             try:
                 check.result()
-            except Exception as exc:  # noqa: BLE001 - re-raised below, in submission order
+            except Exception as exc:  # noqa: BLE001 - the caller raises it, in submission order
                 errors.append(exc)
-        if errors:
-            raise errors[0] from None
+        return errors[0] if errors else None
 
 
 def _canonical(name: str, table, utf8_check=None) -> pa.Table:
