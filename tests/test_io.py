@@ -1162,7 +1162,7 @@ except Exception as exc:
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("table,column,how", [
-    ("ledger", "rollout_id", "past"), ("ledger", "call_id", "fall"), ("rollouts", "group_id", "past"),
+    ("ledger", "rollout_id", "past"), ("ledger", "rollout_id", "fall"), ("rollouts", "group_id", "past"),
     ("ledger", "item_ids", "past"), ("ledger", "item_ids", "list"), ("rollouts", "output_ids", "list"),
 ])
 def test_api_refuses_broken_string_offsets_before_reading_them(tmp_path, table, column, how, threads):
@@ -1184,3 +1184,125 @@ def test_api_refuses_broken_string_offsets_before_reading_them(tmp_path, table, 
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == expected
+
+
+def _string_array(offsets, data: bytes, n: int, offset: int = 0, typ=pa.string()) -> pa.Array:
+    wide = pa.types.is_large_string(typ)
+    buf = pa.py_buffer(np.asarray(offsets, np.int64 if wide else np.int32).tobytes())
+    return pa.Array.from_buffers(typ, n, [None, buf, pa.py_buffer(data)], offset=offset)
+
+
+def _offsets_form(t: pa.Table, form: str) -> tuple[str, pa.Array | pa.ChunkedArray]:
+    """(column, replacement) of the ledger: one way to hand-build string offsets. Broken forms
+    read outside the bytes (or fall); ``unreferenced`` and ``odd_buffer`` are sound arrays that
+    only look odd (a slice whose unused part is broken; an offsets buffer 2 bytes too long)."""
+    ids = t.column("rollout_id").combine_chunks()
+    n, data = len(ids), b"".join(v.encode() for v in ids.to_pylist())
+    sound = np.concatenate(([0], np.cumsum([len(v.encode()) for v in ids.to_pylist()])))
+    if form in ("past", "fall", "large"):
+        o = sound.copy()
+        if form == "fall":
+            o[1], o[2] = o[2] + 1, o[1]
+        else:
+            o[1] += 1 << 30
+        return "rollout_id", _string_array(o, data, n, typ=pa.large_string() if form == "large" else pa.string())
+    if form in ("sliced", "unreferenced"):  # the column is the back half of an array twice as long
+        o = np.concatenate((sound, sound[1:] + sound[-1]))
+        o[(n + 1) if form == "sliced" else 1] += 1 << 30
+        return "rollout_id", _string_array(o, data + data, n, offset=n)
+    if form == "chunks":  # the second chunk broken
+        o = sound.copy()
+        o[1] += 1 << 30
+        return "rollout_id", pa.chunked_array([ids.slice(0, 1), _string_array(o, data, n).slice(0, n - 1)])
+    if form == "odd_buffer":
+        buf = pa.py_buffer(sound.astype(np.int32).tobytes() + b"\0\0")
+        return "rollout_id", pa.Array.from_buffers(pa.string(), n, [None, buf, pa.py_buffer(data)])
+    items = t.column("item_ids").combine_chunks()  # list<string>: the list's offsets or its strings'
+    lo = items.offsets.to_numpy().copy()
+    child = items.values
+    if form == "list":
+        lo[1] += 1 << 30
+    else:  # "child"
+        strs = [v or "" for v in child.to_pylist()]
+        co = np.concatenate(([0], np.cumsum([len(v.encode()) for v in strs])))
+        co[1] += 1 << 30
+        child = _string_array(co, "".join(strs).encode(), len(strs))
+    return "item_ids", pa.Array.from_buffers(items.type, len(items), [items.buffers()[0], pa.py_buffer(lo.tobytes())],
+                                             children=[child])
+
+
+@pytest.mark.parametrize("form", ["past", "fall", "large", "sliced", "chunks", "list", "child",
+                                  "unreferenced", "odd_buffer"])
+def test_normalize_checks_string_offsets_before_handing_the_table_on(form):
+    """With the UTF-8 check run elsewhere (build_batch's helper), ``normalize`` itself refuses
+    offsets a reader would follow out of bounds, with the error the full check gives in place;
+    sound arrays that only look odd pass, and the hook still runs for them."""
+    ledger = _tables()[0]
+    column, arr = _offsets_form(ledger, form)
+    t = _replace_column(ledger, column, arr)
+    columns = check_schema("ledger", t.schema)
+    called = []
+    hook = lambda *args: called.append(args[0])  # noqa: E731
+    if form in ("unreferenced", "odd_buffer"):
+        dsmod.normalize("ledger", t, columns)  # the full check in place accepts them too
+        dsmod.normalize("ledger", t, columns, utf8_check=hook)
+        assert called == ["ledger"]
+        return
+    expected = _err(dsmod.normalize, "ledger", t, columns)  # the full check in place
+    assert expected.startswith(f"ledger: column {column!r}")
+
+    def stop(*args):  # raised at once, so nothing after the hook reads the offsets
+        raise RuntimeError("the table went on to the UTF-8 hook with unsafe offsets")
+
+    try:
+        dsmod.normalize("ledger", t, columns, utf8_check=stop)
+        got = "no error"
+    except (InputError, RuntimeError) as exc:
+        got = str(exc)
+    del t, arr  # a failure report that printed the broken table would read outside its buffers
+    assert got == expected
+
+
+def _pointer_form(t: pa.Table, column: str, form: str) -> pa.Array:
+    """A column whose cast to the canonical type follows pointers outside its buffers: a
+    dictionary whose strings' offsets run past their bytes, or string views past the data."""
+    n = t.num_rows
+    if form == "dictionary":
+        words = _string_array([0, 1, 1 << 30, 3], b"abc", 3)
+        return pa.DictionaryArray.from_arrays(pa.array(np.arange(n) % 3, pa.int32()), words)
+    views = b"".join(np.array([20, 0x61616161, 0, 1 << 30], np.int32).tobytes() for _ in range(n))
+    return pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views), pa.py_buffer(b"a" * 32)])
+
+
+@pytest.mark.parametrize("table,column,form", [("rollouts", "group_id", "dictionary"),
+                                               ("ledger", "call_id", "view")])
+def test_casts_that_follow_pointers_validate_the_array_first(tmp_path, table, column, form):
+    """Dictionary and view columns are cast to the canonical types before any other check, and
+    the cast reads their strings: a hand-built one pointing outside its buffers is refused
+    with an InputError first (in a child process, where a bad read would kill only the child)."""
+    tables = dict(zip(("ledger", "tokens", "rollouts"), _tables()))
+    tables[table] = _replace_column(tables[table], column, _pointer_form(tables[table], column, form))
+    for name, t in tables.items():
+        with pa.ipc.new_file(tmp_path / f"{name}.arrow", t.schema) as w:
+            w.write_table(t)
+    p = subprocess.run([sys.executable, "-c", _REASSEMBLE_IPC, str(tmp_path), "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().startswith(f"{table}: column {column!r} is not a valid Arrow array: ")
+
+
+@pytest.mark.parametrize("column", ["rollout_id", "call_id", "parent_id"])
+def test_api_reads_an_offsets_buffer_longer_than_its_offsets(column):
+    """Arrow lets an offsets buffer be longer than its offsets, by any number of bytes: such a
+    column gives the rows and report of the same column built the usual way."""
+    from chainrows import reassemble
+
+    ledger, tokens, rollouts = _tables()
+    arr = ledger.column(column).combine_chunks()
+    valid, off, data = arr.buffers()
+    odd = pa.py_buffer(off.to_pybytes()[:4 * (len(arr) + 1)] + b"\0\0\0")
+    same = pa.Array.from_buffers(pa.string(), len(arr), [valid, odd, data], null_count=arr.null_count)
+    assert same.equals(arr) and len(odd) % 4 == 3
+    got = reassemble(_replace_column(ledger, column, same), tokens, rollouts)
+    want = reassemble(ledger, tokens, rollouts)
+    assert got.rows.equals(want.rows) and got.report.equals(want.report)

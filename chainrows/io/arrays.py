@@ -33,7 +33,11 @@ def string_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | No
         return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint8), None
     _, off_buf, data_buf = arr.buffers()
     wide = pa.types.is_large_string(arr.type)
-    offsets = np.frombuffer(off_buf, dtype=np.int64 if wide else np.int32)[arr.offset:arr.offset + len(arr) + 1]
+    dtype = np.dtype(np.int64 if wide else np.int32)
+    if off_buf is None or off_buf.size < (arr.offset + len(arr) + 1) * dtype.itemsize:
+        raise ValueError("string offsets outside the data buffer")
+    # count/offset: Arrow allows a buffer longer than its offsets, by any number of bytes
+    offsets = np.frombuffer(off_buf, dtype=dtype, count=len(arr) + 1, offset=arr.offset * dtype.itemsize)
     offsets = offsets.astype(np.int64, copy=False)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
     if len(offsets) != len(arr) + 1 or offsets[0] < 0 or offsets[-1] > len(data) or \

@@ -267,6 +267,8 @@ def _normalize_column(name: str, file: Path, col_name: str, col: pa.ChunkedArray
         return col
     if target == pa.int64() and col.type == pa.uint64():
         _check_int64_range(name, file, col_name, col, row0)
+    if _cast_follows_pointers(col.type):
+        _check_whole(name, file, col_name, col)
     try:
         return _narrow_cast(col, target)
     except (pa.ArrowInvalid, pa.ArrowCapacityError) as exc:
@@ -275,6 +277,28 @@ def _normalize_column(name: str, file: Path, col_name: str, col: pa.ChunkedArray
             raise InputError(f"column {col_name!r} cannot be converted to {target}: "
                              f"{_one_line(exc)}", table=name, file=file, column=col_name) from exc
         return col.cast(large)  # too big for 32-bit offsets: keep 64-bit offsets
+
+
+def _cast_follows_pointers(t: pa.DataType) -> bool:
+    """A dictionary or view type (or lists of them): casting it to the canonical type reads
+    the strings through its indices, views or offsets, before any later check has run."""
+    views = ("is_string_view", "is_binary_view", "is_list_view", "is_large_list_view")
+    if pa.types.is_dictionary(t) or any(getattr(pa.types, v, lambda _: False)(t) for v in views):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _cast_follows_pointers(t.value_type)
+    return False
+
+
+def _check_whole(name, file, col_name, col: pa.ChunkedArray) -> None:
+    """Arrow's full validation of every chunk (hand-built arrays can point outside their
+    buffers; arrays read from Parquet pass)."""
+    for chunk in col.chunks:
+        try:
+            chunk.validate(full=True)
+        except (pa.ArrowInvalid, pa.ArrowIndexError) as exc:
+            raise InputError(f"column {col_name!r} is not a valid Arrow array: {_one_line(exc)}", table=name,
+                             file=file, column=col_name) from None
 
 
 def _check_int64_range(name, file, col_name, col, row0):
@@ -306,7 +330,7 @@ def _has_strings(t: pa.DataType) -> bool:
 def _valid_utf8(arr: pa.Array) -> bool:
     try:
         arr.validate(full=True)  # checks offsets and, for string data, UTF-8
-    except pa.ArrowInvalid:
+    except (pa.ArrowInvalid, pa.ArrowIndexError):
         return False
     return True
 
@@ -328,8 +352,12 @@ def _offsets_rise_within(offsets_buf, wide: bool, first: int, n: int, size: int)
     within [0, size]."""
     if n == 0:
         return True
-    off = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)[first:first + n + 1]
-    return len(off) == n + 1 and off[0] >= 0 and off[-1] <= size and not np.any(off[1:] < off[:-1])
+    dtype = np.dtype(np.int64 if wide else np.int32)
+    if offsets_buf is None or offsets_buf.size < (first + n + 1) * dtype.itemsize:
+        return False
+    # count/offset: Arrow allows a buffer longer than its offsets, by any number of bytes
+    off = np.frombuffer(offsets_buf, dtype=dtype, count=n + 1, offset=first * dtype.itemsize)
+    return off[0] >= 0 and off[-1] <= size and not np.any(off[1:] < off[:-1])
 
 
 def _offsets_ok(arr: pa.Array) -> bool:
@@ -338,7 +366,7 @@ def _offsets_ok(arr: pa.Array) -> bool:
     stay inside their data. The UTF-8 of the bytes is not looked at."""
     try:
         arr.validate()
-    except pa.ArrowInvalid:
+    except (pa.ArrowInvalid, pa.ArrowIndexError):
         return False
     t = arr.type
     if pa.types.is_list(t) or pa.types.is_large_list(t):
