@@ -1306,3 +1306,29 @@ def test_api_reads_an_offsets_buffer_longer_than_its_offsets(column):
     got = reassemble(_replace_column(ledger, column, same), tokens, rollouts)
     want = reassemble(ledger, tokens, rollouts)
     assert got.rows.equals(want.rows) and got.report.equals(want.report)
+
+
+@pytest.mark.parametrize("table,column", [("ledger", "rollout_id"), ("rollouts", "output_ids"),
+                                          ("tokens", "tokens")])
+def test_api_refuses_an_array_whose_end_offset_is_past_its_buffer(table, column):
+    """Arrow's quick validation catches an end offset past the values (a slice that ends at a
+    broken middle offset: building an array checks its ends, slicing does not); the API says
+    so in one line naming the table and column (it was pyarrow's own error from building a
+    table)."""
+    from chainrows import reassemble
+
+    tables = dict(zip(("ledger", "tokens", "rollouts"), _tables()))
+    a = tables[table].column(column).combine_chunks()
+    if pa.types.is_list(a.type):
+        o = a.offsets.to_numpy().copy()
+        o[1] += 1000
+        broken = pa.Array.from_buffers(a.type, len(a), [a.buffers()[0], pa.py_buffer(o.tobytes())],
+                                       children=[a.values])
+    else:
+        _, off, data = a.buffers()
+        o = np.frombuffer(off, dtype=np.int32, count=len(a) + 1).copy()
+        o[1] += 1000
+        broken = pa.Array.from_buffers(pa.string(), len(a), [None, pa.py_buffer(o.tobytes()), data])
+    column_data = pa.chunked_array([broken.slice(0, 1), a.slice(1)], a.type)  # chunk 0 ends past its values
+    tables[table] = _replace_column(tables[table], column, column_data)
+    assert _err(reassemble, *tables.values()).startswith(f"{table}: column {column!r} is not a valid Arrow array: ")

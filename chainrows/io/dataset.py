@@ -263,6 +263,7 @@ def _narrow_cast(col: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
 def _normalize_column(name: str, file: Path, col_name: str, col: pa.ChunkedArray,
                       row0: int) -> pa.ChunkedArray:
     target = CANONICAL[name].field(col_name).type
+    _check_structure(name, file, col_name, col)
     if col.type == target and str(col.type) == str(target):  # == ignores list field names
         return col
     if target == pa.int64() and col.type == pa.uint64():
@@ -290,15 +291,22 @@ def _cast_follows_pointers(t: pa.DataType) -> bool:
     return False
 
 
-def _check_whole(name, file, col_name, col: pa.ChunkedArray) -> None:
-    """Arrow's full validation of every chunk (hand-built arrays can point outside their
-    buffers; arrays read from Parquet pass)."""
+def _check_whole(name, file, col_name, col: pa.ChunkedArray, full: bool = True) -> None:
+    """Arrow's validation of every chunk, full (hand-built arrays can point outside their
+    buffers; arrays read from Parquet pass) or quick (buffer sizes, end offsets)."""
     for chunk in col.chunks:
         try:
-            chunk.validate(full=True)
+            chunk.validate(full=full)
         except (pa.ArrowInvalid, pa.ArrowIndexError) as exc:
             raise InputError(f"column {col_name!r} is not a valid Arrow array: {_one_line(exc)}", table=name,
                              file=file, column=col_name) from None
+
+
+def _check_structure(name, file, col_name, col: pa.ChunkedArray) -> None:
+    """Arrow's quick validation of every chunk before anything uses the column: a hand-built
+    array with buffers too short or end offsets outside them gets an InputError, not Arrow's
+    error from a later step."""
+    _check_whole(name, file, col_name, col, full=False)
 
 
 def _check_int64_range(name, file, col_name, col, row0):
