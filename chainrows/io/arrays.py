@@ -32,19 +32,29 @@ def string_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | No
     if len(arr) == 0:  # may come without buffers, or with an empty offsets buffer
         return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint8), None
     _, off_buf, data_buf = arr.buffers()
-    wide = pa.types.is_large_string(arr.type)
-    dtype = np.dtype(np.int64 if wide else np.int32)
-    if off_buf is None or off_buf.size < (arr.offset + len(arr) + 1) * dtype.itemsize:
-        raise ValueError("string offsets outside the data buffer")
-    # count/offset: Arrow allows a buffer longer than its offsets, by any number of bytes
-    offsets = np.frombuffer(off_buf, dtype=dtype, count=len(arr) + 1, offset=arr.offset * dtype.itemsize)
-    offsets = offsets.astype(np.int64, copy=False)
+    offsets = offsets_view(off_buf, pa.types.is_large_string(arr.type), arr.offset, len(arr))
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    if len(offsets) != len(arr) + 1 or offsets[0] < 0 or offsets[-1] > len(data) or \
-            np.any(offsets[1:] < offsets[:-1]):
+    if offsets is None or not offsets_rise_within(offsets, len(data)):
         raise ValueError("string offsets outside the data buffer")
+    offsets = offsets.astype(np.int64, copy=False)
     valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if arr.null_count else None
     return offsets, data, valid
+
+
+def offsets_view(buf, wide: bool, first: int, n: int) -> np.ndarray | None:
+    """The ``n + 1`` offsets from entry ``first`` of an Arrow offsets buffer (int64 when
+    ``wide``, else int32), zero copy; None when the buffer is too short to hold them. Exactly
+    that many are read: Arrow allows a buffer longer than its offsets, by any number of bytes."""
+    dtype = np.dtype(np.int64 if wide else np.int32)
+    if buf is None or buf.size < (first + n + 1) * dtype.itemsize:
+        return None
+    return np.frombuffer(buf, dtype=dtype, count=n + 1, offset=first * dtype.itemsize)
+
+
+def offsets_rise_within(offsets: np.ndarray, size: int) -> bool:
+    """Offsets that never fall and stay within [0, size]: safe to read ranges of a buffer of
+    ``size`` items with."""
+    return bool(offsets[0] >= 0 and offsets[-1] <= size and not np.any(offsets[1:] < offsets[:-1]))
 
 
 def offsets_from_lengths(lengths) -> np.ndarray:

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from chainrows.io.arrays import offsets_rise_within, offsets_view
 from chainrows.io.errors import InputError
 from chainrows.io.schema import (
     ACCEPTED_FIELD,
@@ -263,13 +263,13 @@ def _narrow_cast(col: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
 def _normalize_column(name: str, file: Path, col_name: str, col: pa.ChunkedArray,
                       row0: int) -> pa.ChunkedArray:
     target = CANONICAL[name].field(col_name).type
-    _check_structure(name, file, col_name, col)
+    _validate_column(name, file, col_name, col, full=False)
     if col.type == target and str(col.type) == str(target):  # == ignores list field names
         return col
     if target == pa.int64() and col.type == pa.uint64():
         _check_int64_range(name, file, col_name, col, row0)
     if _cast_follows_pointers(col.type):
-        _check_whole(name, file, col_name, col)
+        _validate_column(name, file, col_name, col, full=True)
     try:
         return _narrow_cast(col, target)
     except (pa.ArrowInvalid, pa.ArrowCapacityError) as exc:
@@ -291,22 +291,17 @@ def _cast_follows_pointers(t: pa.DataType) -> bool:
     return False
 
 
-def _check_whole(name, file, col_name, col: pa.ChunkedArray, full: bool = True) -> None:
-    """Arrow's validation of every chunk, full (hand-built arrays can point outside their
-    buffers; arrays read from Parquet pass) or quick (buffer sizes, end offsets)."""
+def _validate_column(name, file, col_name, col: pa.ChunkedArray, full: bool) -> None:
+    """Arrow's validation of every chunk, quick (buffer sizes, end offsets: before anything
+    uses the column, so a hand-built array too short for its length gets an InputError, not
+    Arrow's error from a later step) or full (a cast that follows pointers; hand-built arrays
+    can point outside their buffers, arrays read from Parquet pass)."""
     for chunk in col.chunks:
         try:
             chunk.validate(full=full)
         except (pa.ArrowInvalid, pa.ArrowIndexError) as exc:
             raise InputError(f"column {col_name!r} is not a valid Arrow array: {_one_line(exc)}", table=name,
                              file=file, column=col_name) from None
-
-
-def _check_structure(name, file, col_name, col: pa.ChunkedArray) -> None:
-    """Arrow's quick validation of every chunk before anything uses the column: a hand-built
-    array with buffers too short or end offsets outside them gets an InputError, not Arrow's
-    error from a later step."""
-    _check_whole(name, file, col_name, col, full=False)
 
 
 def _check_int64_range(name, file, col_name, col, row0):
@@ -355,35 +350,21 @@ def _first_invalid(arr: pa.Array) -> int:
     return lo
 
 
-def _offsets_rise_within(offsets_buf, wide: bool, first: int, n: int, size: int) -> bool:
-    """The ``n + 1`` offsets from entry ``first`` of an offsets buffer never fall and stay
-    within [0, size]."""
-    if n == 0:
-        return True
-    dtype = np.dtype(np.int64 if wide else np.int32)
-    if offsets_buf is None or offsets_buf.size < (first + n + 1) * dtype.itemsize:
-        return False
-    # count/offset: Arrow allows a buffer longer than its offsets, by any number of bytes
-    off = np.frombuffer(offsets_buf, dtype=dtype, count=n + 1, offset=first * dtype.itemsize)
-    return off[0] >= 0 and off[-1] <= size and not np.any(off[1:] < off[:-1])
-
-
 def _offsets_ok(arr: pa.Array) -> bool:
-    """A string or list<string> array's offsets are safe to read: Arrow's quick ``validate()``
-    (buffer sizes) and then, what only its full validation checks, offsets that never fall and
-    stay inside their data. The UTF-8 of the bytes is not looked at."""
-    try:
-        arr.validate()
-    except (pa.ArrowInvalid, pa.ArrowIndexError):
-        return False
+    """A string or list<string> array's offsets are safe to read: what only Arrow's full
+    validation checks (its quick one, which ``_normalize_column`` ran, checks buffer sizes and
+    the end offsets), offsets that never fall and stay inside their data. The UTF-8 of the
+    bytes is not looked at."""
     t = arr.type
+    if len(arr) == 0:  # may come without buffers
+        return True
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return (_offsets_rise_within(arr.buffers()[1], pa.types.is_large_list(t), arr.offset, len(arr),
-                                     len(arr.values)) and _offsets_ok(arr.values))
+        off = offsets_view(arr.buffers()[1], pa.types.is_large_list(t), arr.offset, len(arr))
+        return off is not None and offsets_rise_within(off, len(arr.values)) and _offsets_ok(arr.values)
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         data = arr.buffers()[2]
-        return _offsets_rise_within(arr.buffers()[1], pa.types.is_large_string(t), arr.offset, len(arr),
-                                    data.size if data is not None else 0)
+        off = offsets_view(arr.buffers()[1], pa.types.is_large_string(t), arr.offset, len(arr))
+        return off is not None and offsets_rise_within(off, data.size if data is not None else 0)
     return _valid_utf8(arr)  # another string type: its full validation, here and now
 
 
