@@ -88,6 +88,28 @@ class Plans(_Stage):
         self.gather_rows(self.batch, self.decide(self.batch, self.options), self.options)
 
 
+class DecideAndGather(_Stage):
+    """decide_and_gather, the API's engine call: decide + gather with checks 14-15 run in the
+    row copy (commits before it have no such function: the benchmark is skipped there)."""
+
+    params = [[False, True], SIZES]
+    param_names = ["placeholders", "rollouts"]
+
+    def setup(self, placeholders, n):
+        from chainrows.engine import run
+
+        if not hasattr(run, "decide_and_gather"):
+            raise NotImplementedError  # asv: skip
+        self._load(n)
+        self.batch, _ = _engine()[0](*self.tables)
+        self.decide_and_gather = run.decide_and_gather
+        self.options = Options(placeholders=placeholders)
+        self.decide_and_gather(self.batch, self.options)
+
+    def time_decide_and_gather(self, placeholders, n):
+        self.decide_and_gather(self.batch, self.options)
+
+
 class Gather(_Stage):
     """gather_rows: row sizes, then copy every ok chain's deltas into the output buffers."""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from chainrows.engine.advantage import advantages, row_weights
-from chainrows.engine.run import decide, gather_rows
+from chainrows.engine.run import decide_and_gather
 from chainrows.io.columnar import build_batch
 from chainrows.io.output import report_table, rows_table
 from chainrows.options import Options
@@ -50,8 +50,7 @@ def reassemble(ledger, tokens=None, rollouts=None, options: Options | None = Non
 def run_tables(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table, options: Options) -> Result:
     """``reassemble`` on three SPEC §2 Arrow tables with validated options."""
     batch, labels = build_batch(ledger, tokens, rollouts)
-    dec = decide(batch, options)
-    rows = gather_rows(batch, dec, options)
+    dec, rows = decide_and_gather(batch, options)
     adv = advantages(batch.reward, batch.has_record, batch.group, dec.ok, options)
     weights = row_weights(rows.num_segments, dec.ok[rows.row_rollout], options)
     reward_null = ~batch.has_record | batch.reward_null

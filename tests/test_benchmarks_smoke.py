@@ -45,7 +45,7 @@ def test_asv_config_points_at_this_suite():
     assert (ROOT / conf["benchmark_dir"] / "__init__.py").exists()
 
 
-STAGE_CLASSES = ["Join", "Decide", "Plans", "Gather", "Advantages", "ParquetToParquet", "Xxh3", "BulkShapes"]
+STAGE_CLASSES = ["Join", "Decide", "Plans", "DecideAndGather", "Gather", "Advantages", "ParquetToParquet", "Xxh3", "BulkShapes"]
 
 
 def test_every_stage_has_a_benchmark():

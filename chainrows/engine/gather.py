@@ -6,12 +6,16 @@ tokens, except a call flagged SHARED (``chain_start & 2``, forest plan: an earli
 rollout holds it, SPEC §3.1 loss ownership), whose whole delta has mask 0; loss_tokens per
 rollout = the mask's sum. For a masked rollout with placeholders, one row of a single 0 token
 with mask 0. A chain starts where ``chain_start & 1``.
+
+``copy_hash_deltas`` and ``copy_check_logprobs`` are ``copy_deltas`` plus checks 14 and 15 of
+each copied call (verify.py), run on the delta while the copy has it in cache.
 """
 
 from __future__ import annotations
 
 
 from chainrows.engine._jit import jit
+from chainrows.engine.verify import check_hash, check_logprobs
 
 
 @jit(inline="always")
@@ -112,3 +116,44 @@ def copy_deltas(chunks, entries, row_calls, call_dst, src_start, delta_len, src,
             t = call_dst[m]
             a = src_start[c]
             _copy(dst[t:t + d], src[a:a + d])
+
+
+@jit
+def copy_hash_deltas(chunks, entries, row_calls, call_dst, delta_len, parent, chain_hash, integrity_bad,
+                     tok_start, tok_stop, tokens, input_ids, status):
+    """:func:`copy_deltas` of the token buffer ``tokens`` into ``input_ids``, and for each copied
+    call c: status[c] = check 14 (``verify.check_hash``: integrity_error, then the chain hash
+    seeded with ``chain_hash[parent[c]]``), 0 when it passes.
+
+    Every copied call must pass checks 12–13 (``tok_stop[c] - tok_start[c] == delta_len[c]``):
+    the rows of rollouts that pass them. A call in several rows (forest plan) is checked once per
+    row, each time writing the same value."""
+    for kk in range(len(chunks) - 1):
+        for j in range(chunks[kk], chunks[kk + 1]):
+            m = entries[j]
+            c = row_calls[m]
+            d = delta_len[c]
+            t = call_dst[m]
+            a = tok_start[c]
+            _copy(input_ids[t:t + d], tokens[a:a + d])
+            status[c] = check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens)
+
+
+@jit
+def copy_check_logprobs(chunks, entries, row_calls, call_dst, delta_len, gen_len, lp_start, lp_stop,
+                        logprobs, out, status):
+    """:func:`copy_deltas` of the logprob buffer ``logprobs`` into ``out``, and for each copied
+    call c whose ``status[c]`` is still 0 (check 14 passed): status[c] = check 15
+    (``verify.check_logprobs``: finite, 0.0 on the carry), 0 when it passes. Run after
+    :func:`copy_hash_deltas` on the same entries; every copied call has
+    ``lp_stop[c] - lp_start[c] == delta_len[c]`` (checks 12–13)."""
+    for kk in range(len(chunks) - 1):
+        for j in range(chunks[kk], chunks[kk + 1]):
+            m = entries[j]
+            c = row_calls[m]
+            d = delta_len[c]
+            t = call_dst[m]
+            a = lp_start[c]
+            _copy(out[t:t + d], logprobs[a:a + d])
+            if status[c] == 0:
+                status[c] = check_logprobs(c, gen_len, lp_start, lp_stop, logprobs)

@@ -1,8 +1,10 @@
-"""The engine's entry points: decide every rollout of a Batch, then gather its rows.
+"""The engine's entry points: decide every rollout of a Batch and gather its rows.
 
 A handful of kernel calls per batch, whatever the number of rollouts: checks, select + cut
-(cc) or terminal walk (ordinary), the data checks (hashes, logprobs) in token-buffer order,
-the chain walk that reads them in SPEC order, then two gather passes.
+(cc) or terminal walk (ordinary), the data checks (hashes, logprobs), the chain walk that reads
+them in SPEC order, and the gather passes. ``decide`` then ``gather_rows`` runs the data checks
+in a pass of their own, in token-buffer order; ``decide_and_gather`` (the API's) runs them in
+the copy of the rows.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from chainrows.engine.buffers import empty
 from chainrows.engine.checks import rollout_checks
 from chainrows.engine.chunks import balanced_chunks
 from chainrows.engine.cut import cut_chains, forest_chains, terminal_chain
-from chainrows.engine.gather import copy_deltas, fill_rows, row_sizes
+from chainrows.engine.gather import (
+    copy_check_logprobs, copy_deltas, copy_hash_deltas, fill_rows, row_sizes,
+)
 from chainrows.engine import select
 from chainrows.engine.select import select_calls
 from chainrows.engine.threads import run
@@ -44,7 +48,11 @@ class Decisions:
 
 @dataclass
 class RowArrays:
-    """Rows as flat arrays: ``row_off[r]`` first row of rollout r; ragged columns by offsets."""
+    """Rows as flat arrays: ``row_off[r]`` first row of rollout r; ragged columns by offsets.
+
+    Row i has ``tok_off[i + 1] - tok_off[i]`` tokens; they start at ``tok_off[i]`` in the
+    token buffers (input_ids, loss_mask, logprobs), or at ``tok_pos[i]`` when rows of dropped
+    rollouts left gaps there (:func:`drop_rollouts`)."""
 
     row_off: np.ndarray  # int64[R+1]
     row_rollout: np.ndarray  # int64[N]
@@ -58,6 +66,12 @@ class RowArrays:
     call_off: np.ndarray  # int64[N+1]
     row_calls: np.ndarray  # int64 call indices
     loss_tokens: np.ndarray  # int64[R] generated tokens written per rollout
+    tok_pos: np.ndarray | None = None  # int64[N] where each row starts in the token buffers; None: back to back
+
+    def row_pos(self) -> np.ndarray:
+        """int64[N]: where each row's tokens start in input_ids / loss_mask / logprobs (row i
+        holds ``tok_off[i + 1] - tok_off[i]`` of them from there)."""
+        return self.tok_off[:-1] if self.tok_pos is None else self.tok_pos
 
 
 def _readonly(batch: Batch) -> Batch:
@@ -122,13 +136,10 @@ def _forest(chunks, detail, bad_call, sel_off, sel, sel_len, parent, n_chains):
     return readonly(out_off), out, counts, flags  # out_off read-only like out_off of the linear plan: one signature per kernel
 
 
-def decide(batch: Batch, options: Options = Options()) -> Decisions:
-    """Status of every rollout of the batch per SPEC §3, and its chains (``options.mode``,
-    ``options.plan``: the linear cut of step 10 or the forest cut of §3.1)."""
-    batch.validate()
-    b = _readonly(batch)
+def _plan(b: Batch, chunks: np.ndarray, options: Options) -> Decisions:
+    """SPEC §3 steps 1–10 on every rollout (checks, select + cut, or the terminal walk): the
+    chains of each rollout still ok, before any of them is walked and verified."""
     R, C = b.num_rollouts, b.num_calls
-    chunks = _chunks(b)
     detail = np.zeros(R, dtype=np.int32)
     bad_call = np.full(R, -1, dtype=np.int64)
     bad_pos = np.full(R, -1, dtype=np.int64)
@@ -159,31 +170,146 @@ def decide(batch: Batch, options: Options = Options()) -> Decisions:
         run(terminal_chain, chunks, detail, bad_call, b.call_off, b.parent, b.terminal,
             np.zeros(C, dtype=np.uint8), sel, sel_len, chain_start, n_chains)
         num_selected = sel_len.copy()
-    need = np.zeros(C, dtype=np.uint8)
-    run(mark_chain_calls, chunks, detail, sel_off, sel, sel_len, need)
-    status = np.zeros(C, dtype=np.int32)
+    return Decisions(detail, bad_call, bad_pos, sel_off, sel, sel_len, chain_start, n_chains, num_selected)
+
+
+def _check_chain_data(b: Batch, chunks: np.ndarray, detail: np.ndarray, dec: Decisions,
+                      status: np.ndarray) -> None:
+    """Checks 14–15 (``data_checks``) of every call in a chain of a rollout whose ``detail`` is 0,
+    into ``status``."""
+    need = np.zeros(b.num_calls, dtype=np.uint8)
+    run(mark_chain_calls, chunks, detail, dec.sel_off, dec.sel, dec.sel_len, need)
     for k, order_chunks in enumerate(_order_chunks(b)):
         run(data_checks, order_chunks, b.tok_order, need, b.parent, b.chain_hash, b.integrity_bad,
             b.gen_len, b.tok_start, b.tok_stop, b.tokens[k], b.has_logprobs, b.lp_start, b.lp_stop,
             b.logprobs[k], status)
-    run(verify_chains, chunks, detail, bad_call, sel_off, sel, sel_len, chain_start, b.parent, b.prev_len,
-        b.delta_len, b.gen_len, b.tok_start, b.tok_stop, b.has_logprobs, b.lp_start, b.lp_stop, status)
-    n_chains[detail != 0] = 0
-    return Decisions(detail, bad_call, bad_pos, sel_off, sel, sel_len, chain_start, n_chains, num_selected)
+
+
+def _verify(b: Batch, chunks: np.ndarray, dec: Decisions, status: np.ndarray) -> None:
+    """Steps 11–15 on every chain of every rollout still ok, 14–15 read from ``status`` (0 for
+    a call not checked: then only 11–13 can fail)."""
+    run(verify_chains, chunks, dec.detail, dec.bad_call, dec.sel_off, dec.sel, dec.sel_len, dec.chain_start,
+        b.parent, b.prev_len, b.delta_len, b.gen_len, b.tok_start, b.tok_stop, b.has_logprobs, b.lp_start,
+        b.lp_stop, status)
+
+
+def decide(batch: Batch, options: Options = Options()) -> Decisions:
+    """Status of every rollout of the batch per SPEC §3, and its chains (``options.mode``,
+    ``options.plan``: the linear cut of step 10 or the forest cut of §3.1)."""
+    batch.validate()
+    b = _readonly(batch)
+    chunks = _chunks(b)
+    dec = _plan(b, chunks, options)
+    status = np.zeros(b.num_calls, dtype=np.int32)
+    _check_chain_data(b, chunks, dec.detail, dec, status)
+    _verify(b, chunks, dec, status)
+    dec.n_chains[dec.detail != 0] = 0
+    return dec
+
+
+def decide_and_gather(batch: Batch, options: Options = Options()) -> tuple[Decisions, RowArrays]:
+    """``decide`` and ``gather_rows`` with one read of the token data: the same decisions, and
+    rows equal to ``gather_rows(batch, decide(batch, options), options)`` row for row.
+
+    Checks 14–15 read every token and logprob of the chains, and so does the copy into rows:
+    done apart, each streams the buffers from memory (1.73 GB on the 2.1 GB capture shape:
+    0.34 vs 0.24 s done together, docs/decisions-engine.md "Checks in the copy"). So the rows
+    of every rollout that passes checks 1–13 are gathered first, each call hashed and its
+    logprobs checked as it is copied; the rollouts that fail 11–13 have the data of their
+    chains checked the plain way (a failure earlier in the chain comes first). Then every
+    chain is verified in SPEC order. A rollout whose data failed loses its rows where they
+    lie: the rows left keep their place in the buffers (``RowArrays.tok_pos``) and no byte
+    moves; past ``max(MIN_GAPS, tokens // TOKENS_PER_GAP)`` such rollouts, or in buffers past
+    int32 offsets, the rows are gathered again instead.
+    """
+    batch.validate()
+    b = _readonly(batch)
+    chunks = _chunks(b)
+    dec = _plan(b, chunks, options)
+    planned, planned_bad_call = dec.detail.copy(), dec.bad_call.copy()
+    status = np.zeros(b.num_calls, dtype=np.int32)
+    _verify(b, chunks, dec, status)  # every status 0: checks 11-13 alone
+    copied = dec.ok
+    _check_chain_data(b, chunks, np.where(copied, np.int32(1), planned), dec, status)
+    rows = _gather(b, chunks, dec, options, status)
+    dec.detail, dec.bad_call = planned, planned_bad_call
+    _verify(b, chunks, dec, status)
+    dec.n_chains[dec.detail != 0] = 0
+    lost = copied & ~dec.ok
+    n_lost = int(np.count_nonzero(lost))
+    if n_lost > max(MIN_GAPS, len(rows.input_ids) // TOKENS_PER_GAP) or (n_lost and len(rows.input_ids) >= 2**31):
+        rows = None  # its buffers go before the new ones come: one set of rows at a time
+        rows = _gather(b, chunks, dec, options)
+    elif n_lost:
+        rows = drop_rollouts(rows, lost, options.placeholders)
+    return dec, rows
+
+
+# Rollouts dropped in place, at most: each gap is a chunk more in each list column of the rows
+# table, built in Python; past one per TOKENS_PER_GAP tokens, gathering the rows again costs
+# less (docs/decisions-engine.md "Checks in the copy").
+MIN_GAPS = 64
+TOKENS_PER_GAP = 1 << 16
+
+
+def drop_rollouts(rows: RowArrays, lost: np.ndarray, placeholders: bool) -> RowArrays:
+    """``rows`` without the rows of the rollouts in ``lost`` (bool[R]; each has at least one
+    row), which stay where they lie in the buffers: the rows left keep their place
+    (``tok_pos``). With ``placeholders`` a lost rollout keeps one row instead, a placeholder
+    written over the first token of its first row. Per row and per call arrays only: no token
+    is moved."""
+    n_rows = np.diff(rows.row_off)
+    row_len = np.diff(rows.tok_off)
+    row_ncalls = np.diff(rows.call_off)
+    lost_row = np.repeat(lost, n_rows)
+    place = np.zeros(len(lost_row), dtype=bool)
+    if placeholders:
+        place[rows.row_off[:-1][lost]] = True
+    keep = np.flatnonzero(~lost_row | place)
+    pos = rows.row_pos()
+    if placeholders:
+        p = pos[place]
+        rows.input_ids[p] = 0
+        rows.loss_mask[p] = 0
+        if rows.logprobs is not None:
+            rows.logprobs[p] = 0.0
+    rows_per = np.where(lost, 1 if placeholders else 0, n_rows).astype(np.int64)
+    row_rollout = rows.row_rollout[keep]
+    tok_off = np.concatenate(([0], np.cumsum(np.where(place, 1, row_len)[keep])))
+    tok_pos = pos[keep]
+    return RowArrays(
+        row_off=np.concatenate(([0], np.cumsum(rows_per))),
+        row_rollout=row_rollout,
+        segment=np.where(place, 0, rows.segment)[keep].astype(np.int32),
+        num_segments=rows_per[row_rollout].astype(np.int32),
+        prompt_len=np.where(place, 0, rows.prompt_len)[keep].astype(np.int32),
+        tok_off=tok_off,
+        input_ids=rows.input_ids, loss_mask=rows.loss_mask, logprobs=rows.logprobs,
+        call_off=np.concatenate(([0], np.cumsum(np.where(place, 0, row_ncalls)[keep]))),
+        row_calls=rows.row_calls[np.repeat(~lost_row, row_ncalls)],
+        loss_tokens=np.where(lost, 0, rows.loss_tokens),
+        tok_pos=None if np.array_equal(tok_pos, tok_off[:-1]) else tok_pos,  # placeholders filled every gap
+    )
 
 
 def gather_rows(batch: Batch, dec: Decisions, options: Options = Options()) -> RowArrays:
     """Rows of every ok rollout (and one placeholder per masked rollout with
     ``options.placeholders``)."""
-    placeholders = options.placeholders
     b = _readonly(batch)
+    return _gather(b, _chunks(b), dec, options)
+
+
+def _gather(b: Batch, chunks: np.ndarray, dec: Decisions, options: Options,
+            status: np.ndarray | None = None) -> RowArrays:
+    """Rows of every rollout ok in ``dec``; with ``status``, checks 14–15 of every copied call
+    written to it as the call is copied (copy_hash_deltas, copy_check_logprobs)."""
+    placeholders = options.placeholders
     R = b.num_rollouts
     ok = dec.ok
     rows_per = np.where(ok, dec.n_chains, 1 if placeholders else 0).astype(np.int64)
     row_off = np.zeros(R + 1, dtype=np.int64)
     np.cumsum(rows_per, out=row_off[1:])
     N = int(row_off[-1])
-    chunks = _chunks(b)
     row_len = np.zeros(N, dtype=np.int64)
     row_ncalls = np.zeros(N, dtype=np.int64)
     prompt = np.zeros(N, dtype=np.int32)
@@ -207,11 +333,18 @@ def gather_rows(batch: Batch, dec: Decisions, options: Options = Options()) -> R
     ro_calls, ro_dst = readonly(row_calls), readonly(call_dst)
     for k, (entries, copy_chunks) in enumerate(_copy_chunks(b, row_calls)):
         entries = readonly(entries)
-        run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.tok_start, b.delta_len, b.tokens[k],
-            input_ids)
-        if b.has_logprobs:
+        if status is None:
+            run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.tok_start, b.delta_len, b.tokens[k],
+                input_ids)
+        else:
+            run(copy_hash_deltas, copy_chunks, entries, ro_calls, ro_dst, b.delta_len, b.parent,
+                b.chain_hash, b.integrity_bad, b.tok_start, b.tok_stop, b.tokens[k], input_ids, status)
+        if b.has_logprobs and status is None:
             run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.lp_start, b.delta_len, b.logprobs[k],
                 logprobs)
+        elif b.has_logprobs:
+            run(copy_check_logprobs, copy_chunks, entries, ro_calls, ro_dst, b.delta_len, b.gen_len,
+                b.lp_start, b.lp_stop, b.logprobs[k], logprobs, status)
     row_rollout = np.repeat(np.arange(R, dtype=np.int64), rows_per)
     return RowArrays(row_off, row_rollout, segment, rows_per[row_rollout].astype(np.int32), prompt,
                      tok_off, input_ids, loss_mask, logprobs if b.has_logprobs else None, call_off,

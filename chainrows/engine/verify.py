@@ -6,10 +6,10 @@ lengths (13), an importer's integrity_error, then the XXH3-64 chain hash seeded 
 parent's recorded hash (14), logprobs (15). The first failure is the rollout's reason.
 
 Checks 14–15 of a call depend on that call alone (its tokens, its logprobs, its parent's
-recorded hash), so they run first in a separate pass, data_checks, over the calls the chains
-use, visiting them in token-buffer order: front-to-back reads run ~2x faster than the chain
-order, which jumps around the buffer (hashing a 1 GB batch: 36 vs 71 ms). verify_chains then
-walks the chains in SPEC order and reads each call's result.
+recorded hash), so they run apart and verify_chains, walking the chains in SPEC order, reads
+each call's result: either in data_checks, a pass over the calls the chains use in token-buffer
+order (front-to-back reads run ~2x faster than the chain order), or in the row copy
+(gather.copy_hash_deltas, copy_check_logprobs; run.decide_and_gather).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _data_ranges_ok(c, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_
 
 
 @jit(inline="always")
-def _check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens):
+def check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens):
     """Check 14: the importer's integrity_error first (no hashing needed), then the chain hash.
     A chain's first call is always a root (the cut and the terminal walk make it so, and check
     11 confirms it), so the seed is 0 exactly when the call has no parent."""
@@ -116,7 +116,7 @@ def _max_abs_bits(seg):
 
 
 @jit(inline="always")
-def _check_logprobs(c, gen_len, lp_start, lp_stop, logprobs):
+def check_logprobs(c, gen_len, lp_start, lp_stop, logprobs):
     """Check 15: finite logprobs, 0.0 on the carry."""
     a = lp_start[c]
     b = lp_stop[c]
@@ -153,13 +153,13 @@ def data_checks(chunks, tok_order, need, parent, chain_hash, integrity_bad, gen_
         for j in range(chunks[kk], chunks[kk + 1]):
             c = tok_order[j]
             if need[c] and _data_ranges_ok(c, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_stop):
-                status[c] = _check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens)
+                status[c] = check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens)
         if has_logprobs:
             for j in range(chunks[kk], chunks[kk + 1]):
                 c = tok_order[j]
                 if need[c] and status[c] == 0 and _data_ranges_ok(c, gen_len, tok_start, tok_stop,
                                                                    has_logprobs, lp_start, lp_stop):
-                    status[c] = _check_logprobs(c, gen_len, lp_start, lp_stop, logprobs)
+                    status[c] = check_logprobs(c, gen_len, lp_start, lp_stop, logprobs)
 
 
 @jit

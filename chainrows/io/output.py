@@ -23,6 +23,27 @@ def _list_array(offsets: np.ndarray, values: pa.Array) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
 
 
+def _token_lists(rows: RowArrays, values: np.ndarray, value_type: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """A token-sized list column of the rows, zero copy: one list array over ``values``, or,
+    where rows of dropped rollouts left gaps in the buffers (``rows.tok_pos``), one chunk per
+    run of rows that lie back to back, each over its own slice of ``values``. List type by the
+    rows' token total, so it does not depend on the gaps."""
+    if rows.tok_pos is None:
+        return _list_array(rows.tok_off, pa.array(values, value_type))
+    pos, off = rows.tok_pos, rows.tok_off
+    if not len(pos):
+        return _list_array(off, pa.array(values[:0], value_type))
+    starts = np.concatenate(([0], np.flatnonzero(pos[1:] != pos[:-1] + np.diff(off)[:-1]) + 1, [len(pos)]))
+    large = off[-1] >= 2**31
+    chunks = []
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        piece = off[a:b + 1] - off[a]
+        items = pa.array(values[pos[a]:pos[a] + piece[-1]], value_type)
+        chunks.append(pa.LargeListArray.from_arrays(pa.array(piece, pa.int64()), items) if large
+                      else pa.ListArray.from_arrays(pa.array(piece.astype(np.int32)), items))
+    return pa.chunked_array(chunks, (pa.large_list if large else pa.list_)(value_type))
+
+
 def _nullable_float(values: np.ndarray, dtype) -> pa.Array:
     mask = np.isnan(values)
     return pa.array(values.astype(dtype), mask=mask if mask.any() else None)
@@ -42,8 +63,8 @@ def rows_table(rows: RowArrays, labels: Labels, reward: np.ndarray, reward_null:
         "group_id": pc.take(labels.group_ids, rr),
         "segment": pa.array(rows.segment, pa.int32()),
         "num_segments": pa.array(rows.num_segments, pa.int32()),
-        "input_ids": _list_array(rows.tok_off, pa.array(rows.input_ids, pa.int32())),
-        "loss_mask": _list_array(rows.tok_off, pa.array(rows.loss_mask, pa.uint8())),
+        "input_ids": _token_lists(rows, rows.input_ids, pa.int32()),
+        "loss_mask": _token_lists(rows, rows.loss_mask, pa.uint8()),
         "prompt_len": pa.array(rows.prompt_len, pa.int32()),
         "call_ids": _list_array(rows.call_off, pc.take(labels.call_ids, pa.array(rows.row_calls)).cast(pa.string())),
         "reward": reward_arr,
@@ -52,7 +73,7 @@ def rows_table(rows: RowArrays, labels: Labels, reward: np.ndarray, reward_null:
     }
     schema = rows_schema(rows.logprobs is not None)
     if rows.logprobs is not None:
-        columns["logprobs"] = _list_array(rows.tok_off, pa.array(rows.logprobs, pa.float32()))
+        columns["logprobs"] = _token_lists(rows, rows.logprobs, pa.float32())
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=_schema_for(schema, columns))
 
 

@@ -1,0 +1,150 @@
+"""decide_and_gather (checks 14-15 run inside the row copy, failed rollouts dropped in place)
+against decide + gather_rows (checks first, then the copy): the same decisions, the same rows,
+the same rows table and Parquet bytes."""
+
+import io
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chainrows.engine import run as engine_run
+from chainrows.engine.run import decide, decide_and_gather, gather_rows
+from chainrows.io.columnar import build_batch
+from chainrows.io.output import _token_lists, rows_table
+from chainrows.io.rowgroups import RowGroupWriter
+from chainrows.io.schema import rows_schema, tables_from_pylists
+from chainrows.options import Options
+from randomized import random_dataset
+
+DECISION_FIELDS = ("detail", "bad_call", "bad_pos", "sel_off", "sel", "sel_len", "chain_start", "n_chains",
+                   "num_selected")
+ROW_FIELDS = ("row_off", "row_rollout", "segment", "num_segments", "prompt_len", "tok_off", "call_off",
+              "row_calls", "loss_tokens")
+
+
+def _batch(seed, n_rollouts, plan):
+    ledger, tokens, rollouts, opts = random_dataset(seed, n_rollouts=n_rollouts)
+    accepted = any("accepted_response_ids" in r for r in rollouts)
+    tables = tables_from_pylists(ledger, tokens, rollouts, logprobs=opts["logprobs"], accepted=accepted)
+    batch, labels = build_batch(*tables)
+    options = Options(mode=opts["mode"], plan=plan if opts["mode"] == "cc" else "linear",
+                      placeholders=opts["placeholders"])
+    return batch, labels, options
+
+
+def _token_rows(rows, values):
+    pos, lens = rows.row_pos(), np.diff(rows.tok_off)
+    return [values[p:p + n].tobytes() for p, n in zip(pos.tolist(), lens.tolist())]
+
+
+def _table(rows, labels, batch, dec):
+    R = batch.num_rollouts
+    return rows_table(rows, labels, np.zeros(R), ~batch.has_record, np.zeros(R),  # no NaN: Table.equals
+                      np.ones(len(rows.row_rollout)))
+
+
+def _parquet(table):
+    sink = io.BytesIO()
+    with RowGroupWriter(sink, rows_schema("logprobs" in table.column_names), unit_column="input_ids") as w:
+        w.write(table)
+    return sink.getvalue()
+
+
+def check_same(batch, labels, options):
+    """decide_and_gather against decide + gather_rows; returns the fused rows."""
+    want_dec = decide(batch, options)
+    want = gather_rows(batch, want_dec, options)
+    got_dec, got = decide_and_gather(batch, options)
+    for name in DECISION_FIELDS:
+        np.testing.assert_array_equal(getattr(got_dec, name), getattr(want_dec, name), err_msg=name)
+    for name in ROW_FIELDS:
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    assert _token_rows(got, got.input_ids) == _token_rows(want, want.input_ids)
+    assert _token_rows(got, got.loss_mask) == _token_rows(want, want.loss_mask)
+    assert (got.logprobs is None) == (want.logprobs is None)
+    if want.logprobs is not None:
+        assert _token_rows(got, got.logprobs) == _token_rows(want, want.logprobs)
+    got_table, want_table = _table(got, labels, batch, got_dec), _table(want, labels, batch, want_dec)
+    assert got_table.schema == want_table.schema
+    assert got_table.equals(want_table)
+    assert _parquet(got_table) == _parquet(want_table)
+    return got
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), plan=st.sampled_from(("linear", "forest")))
+def test_decide_and_gather_equals_decide_then_gather(seed, plan):
+    check_same(*_batch(seed, 30, plan))
+
+
+def test_rollouts_failing_in_the_copy_are_dropped_in_place():
+    """Seeds whose data checks fail on rollouts that passed 11-13: the rows left keep their place
+    (gaps in the buffers, list columns in several chunks), with and without placeholders."""
+    seen = {True: 0, False: 0}
+    for seed in range(400):
+        batch, labels, options = _batch(seed, 30, random.Random(seed).choice(("linear", "forest")))
+        rows = check_same(batch, labels, options)
+        if rows.tok_pos is not None:
+            seen[options.placeholders] += 1
+            assert not np.array_equal(rows.tok_pos, rows.tok_off[:-1])  # else tok_pos is None
+            chunks = _table(rows, labels, batch, None).column("input_ids").num_chunks
+            assert chunks > 1 or rows.tok_pos[0] > 0  # a gap between rows, or before the first
+    assert seen[True] >= 3 and seen[False] >= 3, seen
+
+
+def test_past_the_gap_limit_the_rows_are_gathered_again(monkeypatch):
+    monkeypatch.setattr(engine_run, "MIN_GAPS", 0)
+    regathered = 0
+    for seed in range(200):
+        batch, labels, options = _batch(seed, 30, "linear")
+        rows = check_same(batch, labels, options)
+        assert rows.tok_pos is None
+        dec = decide(batch, options)
+        regathered += int(np.any(dec.detail >= 34))  # hash, logprob or integrity reasons
+    assert regathered >= 3
+
+
+def test_a_placeholder_overwrites_the_first_token_of_a_dropped_rollout():
+    """drop_rollouts alone, on rows built by hand: rollout 1 of three is dropped."""
+    from chainrows.engine.run import RowArrays, drop_rollouts
+
+    ids = np.arange(1, 10, dtype=np.int32)  # rollout 0: rows [1,2] [3]; 1: [4,5,6]; 2: [7,8,9]
+    rows = RowArrays(row_off=np.array([0, 2, 3, 4]), row_rollout=np.array([0, 0, 1, 2]),
+                     segment=np.array([0, 1, 0, 0], np.int32), num_segments=np.array([2, 2, 1, 1], np.int32),
+                     prompt_len=np.array([1, 1, 2, 1], np.int32), tok_off=np.array([0, 2, 3, 6, 9]),
+                     input_ids=ids.copy(), loss_mask=np.ones(9, np.uint8), logprobs=np.full(9, -1.0, np.float32),
+                     call_off=np.array([0, 1, 2, 4, 5]), row_calls=np.array([0, 1, 2, 3, 4]),
+                     loss_tokens=np.array([2, 3, 2]))
+    lost = np.array([False, True, False])
+    kept = drop_rollouts(rows, lost, placeholders=False)
+    assert kept.row_rollout.tolist() == [0, 0, 2] and kept.tok_pos.tolist() == [0, 2, 6]
+    assert kept.tok_off.tolist() == [0, 2, 3, 6] and kept.row_calls.tolist() == [0, 1, 4]
+    assert kept.loss_tokens.tolist() == [2, 0, 2] and kept.row_off.tolist() == [0, 2, 2, 3]
+    assert kept.input_ids.tolist() == ids.tolist()  # no token moved
+    ph = drop_rollouts(rows, lost, placeholders=True)
+    assert ph.row_rollout.tolist() == [0, 0, 1, 2] and ph.tok_pos.tolist() == [0, 2, 3, 6]
+    assert ph.tok_off.tolist() == [0, 2, 3, 4, 7] and ph.call_off.tolist() == [0, 1, 2, 2, 3]
+    assert ph.segment.tolist() == [0, 1, 0, 0] and ph.prompt_len.tolist() == [1, 1, 0, 1]
+    assert ph.num_segments.tolist() == [2, 2, 1, 1]
+    assert (rows.input_ids[3], rows.loss_mask[3], rows.logprobs[3]) == (0, 0, 0.0)
+    column = _token_lists(ph, ph.input_ids, pa.int32())  # runs of rows back to back: one chunk each
+    assert column.num_chunks == 2 and column.to_pylist() == [[1, 2], [3], [0], [7, 8, 9]]
+
+
+@pytest.mark.parametrize("placeholders", [False, True])
+def test_every_rollout_dropped(placeholders):
+    from chainrows.engine.run import RowArrays, drop_rollouts
+
+    rows = RowArrays(row_off=np.array([0, 1]), row_rollout=np.array([0]), segment=np.zeros(1, np.int32),
+                     num_segments=np.ones(1, np.int32), prompt_len=np.ones(1, np.int32),
+                     tok_off=np.array([0, 3]), input_ids=np.array([5, 6, 7], np.int32),
+                     loss_mask=np.ones(3, np.uint8), logprobs=None, call_off=np.array([0, 1]),
+                     row_calls=np.array([0]), loss_tokens=np.array([2]))
+    out = drop_rollouts(rows, np.array([True]), placeholders)
+    assert len(out.row_rollout) == int(placeholders) and out.tok_off[-1] == int(placeholders)
+    assert _token_lists(out, out.input_ids, pa.int32()).to_pylist() == ([[0]] if placeholders else [])
