@@ -5,6 +5,7 @@ the same rows table and Parquet bytes."""
 import io
 import random
 
+import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,10 +28,15 @@ ROW_FIELDS = ("row_off", "row_rollout", "segment", "num_segments", "prompt_len",
               "row_calls", "loss_tokens")
 
 
-def _batch(seed, n_rollouts, plan):
+def _batch(seed, n_rollouts, plan, token_chunk_rows=None):
+    """A random corrupt batch; with ``token_chunk_rows``, the tokens table in chunks of that many
+    rows, each its own token buffer."""
     ledger, tokens, rollouts, opts = random_dataset(seed, n_rollouts=n_rollouts)
     accepted = any("accepted_response_ids" in r for r in rollouts)
     tables = tables_from_pylists(ledger, tokens, rollouts, logprobs=opts["logprobs"], accepted=accepted)
+    if token_chunk_rows:
+        tables = (tables[0], pa.Table.from_batches(tables[1].to_batches(max_chunksize=token_chunk_rows),
+                                                   tables[1].schema), tables[2])
     batch, labels = build_batch(*tables)
     options = Options(mode=opts["mode"], plan=plan if opts["mode"] == "cc" else "linear",
                       placeholders=opts["placeholders"])
@@ -77,9 +83,30 @@ def check_same(batch, labels, options):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), plan=st.sampled_from(("linear", "forest")))
-def test_decide_and_gather_equals_decide_then_gather(seed, plan):
-    check_same(*_batch(seed, 30, plan))
+@given(seed=st.integers(0, 2**32 - 1), plan=st.sampled_from(("linear", "forest")),
+       threads=st.sampled_from((1, 2)), token_chunk_rows=st.sampled_from((None, 1, 5)))
+def test_decide_and_gather_equals_decide_then_gather(seed, plan, threads, token_chunk_rows, monkeypatch_buffers):
+    """Any plan, 1 or 2 threads, one token buffer or one per few token rows."""
+    batch, labels, options = _batch(seed, 30, plan, token_chunk_rows)
+    if token_chunk_rows:
+        assert len(batch.tokens) > 1 or len(batch.tok_order) <= token_chunk_rows
+    saved = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        check_same(batch, labels, options)
+    finally:
+        numba.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_buffers():
+    """Every tokens chunk its own buffer (joins.MIN_BUFFER_BYTES: chunks smaller are joined)."""
+    from chainrows.io import joins
+
+    saved = joins.MIN_BUFFER_BYTES
+    joins.MIN_BUFFER_BYTES = 1
+    yield
+    joins.MIN_BUFFER_BYTES = saved
 
 
 def test_rollouts_failing_in_the_copy_are_dropped_in_place():
@@ -148,3 +175,37 @@ def test_every_rollout_dropped(placeholders):
     out = drop_rollouts(rows, np.array([True]), placeholders)
     assert len(out.row_rollout) == int(placeholders) and out.tok_off[-1] == int(placeholders)
     assert _token_lists(out, out.input_ids, pa.int32()).to_pylist() == ([[0]] if placeholders else [])
+
+
+def test_write_parquet_bytes_do_not_depend_on_chunks(tmp_path):
+    """io.write.write_parquet (AtomicOutput.write_table) on an API rows table with gaps: the
+    bytes of the same rows in one chunk. pyarrow alone cuts data pages at chunk boundaries once
+    a column chunk holds more than write_batch_size values, hence the larger synthetic batch."""
+    import chainrows
+    from chainrows.io import write
+    from chainrows.synth.batches import synth_tables
+
+    rows = chainrows.reassemble(*synth_tables(600, seed=1, corrupt_rate=0.2)).rows
+    assert rows.column("input_ids").num_chunks > 1
+    a = write.write_parquet(tmp_path / "a.parquet", rows)
+    b = write.write_parquet(tmp_path / "b.parquet", rows.combine_chunks())
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_the_run_warm_up_loads_the_regather_kernels():
+    """bulk.plan.measure_footprint loads every kernel before the run measures its baseline,
+    including the plain copies decide_and_gather falls back to past its gap limit."""
+    import subprocess
+    import sys
+
+    code = (
+        "from chainrows.bulk.plan import measure_footprint\n"
+        "from chainrows.engine import gather, verify\n"
+        "from chainrows.options import Options\n"
+        "measure_footprint(Options(), True)\n"
+        "print(len(gather.copy_deltas.signatures), len(gather.copy_hash_deltas.signatures),\n"
+        "      len(gather.copy_check_logprobs.signatures), len(verify.data_checks.signatures))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    copy, copy_hash, copy_lp, checks = map(int, out.split())
+    assert copy == 2 and copy_hash == 1 and copy_lp == 1 and checks == 1, out

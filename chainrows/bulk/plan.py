@@ -58,11 +58,16 @@ def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
     the process's resident set."""
     from chainrows import api
     from chainrows.bulk.warmup import tiny_tables
+    from chainrows.engine.run import decide, gather_rows
+    from chainrows.io.columnar import build_batch
     from chainrows.io.partition import string_hashes
 
     t0 = time.perf_counter()
     tables = tiny_tables(has_logprobs)
     api.run_tables(*tables, options)
+    batch, _ = build_batch(*tables)
+    gather_rows(batch, decide(batch, options), options)  # decide_and_gather's fallback: plain copies
+    del batch
     string_hashes(tables[2]["rollout_id"])
     seconds = time.perf_counter() - t0
     del tables

@@ -261,6 +261,8 @@ def drop_rollouts(rows: RowArrays, lost: np.ndarray, placeholders: bool) -> RowA
     n_rows = np.diff(rows.row_off)
     row_len = np.diff(rows.tok_off)
     row_ncalls = np.diff(rows.call_off)
+    if np.any(n_rows[lost] == 0):  # a lost rollout was copied: its chains' calls are in rows
+        raise AssertionError("drop_rollouts: a lost rollout has no rows")
     lost_row = np.repeat(lost, n_rows)
     place = np.zeros(len(lost_row), dtype=bool)
     if placeholders:

@@ -68,9 +68,21 @@ def row_group_rows(table: pa.Table | pa.RecordBatch) -> int:
 
 
 def write_parquet(path: str | os.PathLike, table: pa.Table, **options) -> Path:
-    """Write ``table`` to one Parquet file with WRITE_OPTIONS (``options`` override them)."""
+    """Write ``table`` to one Parquet file with WRITE_OPTIONS (``options`` override them).
+
+    The bytes depend on the rows alone, not on how the table's columns are chunked (pyarrow
+    cuts data pages at chunk boundaries; an API rows table comes in several chunks when
+    rollouts failed their hash or logprob checks): each row group is made one chunk per column
+    before it is written, so a multi-chunk table costs one row group's copy at a time."""
     opts = {**WRITE_OPTIONS, **options}
-    pq.write_table(table, path, row_group_size=row_group_rows(table), **opts)
+    group_rows = row_group_rows(table)
+    if table.num_rows == 0 or all(col.num_chunks == 1 for col in table.columns):
+        pq.write_table(table, path, row_group_size=group_rows, **opts)
+        return Path(path)
+    with pq.ParquetWriter(path, table.schema, **opts) as writer:
+        for start in range(0, table.num_rows, group_rows):
+            group = table.slice(start, group_rows).combine_chunks()
+            writer.write_table(group, row_group_size=group.num_rows)
     return Path(path)
 
 
