@@ -104,18 +104,24 @@ def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off,
                 t += d
 
 
+@jit(inline="always")
+def _copy_entry(m, row_calls, call_dst, src_start, delta_len, src, dst):
+    """Copy the delta of listed call m (c = row_calls[m]) to its place in the rows; returns c."""
+    c = row_calls[m]
+    d = delta_len[c]
+    t = call_dst[m]
+    a = src_start[c]
+    _copy(dst[t:t + d], src[a:a + d])
+    return c
+
+
 @jit
 def copy_deltas(chunks, entries, row_calls, call_dst, src_start, delta_len, src, dst):
     """For each m in ``entries`` (split by ``chunks``): c = row_calls[m], d = delta_len[c];
     dst[call_dst[m]:call_dst[m] + d] = src[src_start[c]:src_start[c] + d]."""
     for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
-            m = entries[j]
-            c = row_calls[m]
-            d = delta_len[c]
-            t = call_dst[m]
-            a = src_start[c]
-            _copy(dst[t:t + d], src[a:a + d])
+            _copy_entry(entries[j], row_calls, call_dst, src_start, delta_len, src, dst)
 
 
 @jit
@@ -130,12 +136,7 @@ def copy_hash_deltas(chunks, entries, row_calls, call_dst, delta_len, parent, ch
     row, each time writing the same value."""
     for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
-            m = entries[j]
-            c = row_calls[m]
-            d = delta_len[c]
-            t = call_dst[m]
-            a = tok_start[c]
-            _copy(input_ids[t:t + d], tokens[a:a + d])
+            c = _copy_entry(entries[j], row_calls, call_dst, tok_start, delta_len, tokens, input_ids)
             status[c] = check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens)
 
 
@@ -149,11 +150,6 @@ def copy_check_logprobs(chunks, entries, row_calls, call_dst, delta_len, gen_len
     ``lp_stop[c] - lp_start[c] == delta_len[c]`` (checks 12–13)."""
     for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
-            m = entries[j]
-            c = row_calls[m]
-            d = delta_len[c]
-            t = call_dst[m]
-            a = lp_start[c]
-            _copy(out[t:t + d], logprobs[a:a + d])
+            c = _copy_entry(entries[j], row_calls, call_dst, lp_start, delta_len, logprobs, out)
             if status[c] == 0:
                 status[c] = check_logprobs(c, gen_len, lp_start, lp_stop, logprobs)
