@@ -231,7 +231,7 @@ def engine_vs_reference(rep: Report, n: int, n_ref: int, repeats: int, ref_repea
 def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb: float) -> None:
     import numba
 
-    from chainrows.engine.run import decide, gather_rows
+    from chainrows.engine.run import decide, decide_and_gather, gather_rows
     from chainrows.engine.xxh3 import hash_deltas
     from chainrows.io.columnar import build_batch
 
@@ -299,7 +299,10 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
         def run_hash():
             hash_deltas(tokens, starts, stops, seeds)
 
-        fns = {"decide": run_decide, "gather": run_gather, "hash": run_hash}
+        def run_fused():
+            decide_and_gather(batch)
+
+        fns = {"decide": run_decide, "gather": run_gather, "fused": run_fused, "hash": run_hash}
         for fn in fns.values():  # untimed: first run at this thread count
             fn()
         def run_pcopy():
@@ -325,6 +328,9 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
         rep.line(f"{threads} thread(s): decide {_fmt_s(d)}, gather {_fmt_s(g)}, decide+gather {_fmt_s(d + g)} "
                  f"= {(d + g) / floor:.2f}x floor; + build_batch (1 thread, {_fmt_s(t_build)}) "
                  f"= {(d + g + t_build) / floor:.2f}x floor")
+        f = times[("fused", threads)]
+        rep.line(f"    decide_and_gather (the API's: checks 14-15 in the row copy) {_fmt_s(f)} "
+                 f"= {f / floor:.2f}x floor, {(d + g) / f:.2f}x faster than decide+gather")
         rep.line(f"    of which: hash_deltas over every call's delta {_fmt_s(h)} "
                  f"({hashed_bytes / h / 1e9:.1f} GB/s, {h / d:.0%} of decide); "
                  f"gather = {g / times['floor_fresh']:.2f}x the fresh-memory floor")
@@ -333,6 +339,9 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
               f"times np.copyto of {_fmt_b(out_bytes)} (1 thread)")
     rep.ratio("build+decide+gather (1 thread) vs memcpy", _fmt_s(d1 + t_build), f"{(d1 + t_build) / floor:.2f}x",
               "times the same floor")
+    f1 = times[("fused", 1)]
+    rep.ratio("decide_and_gather (1 thread) vs memcpy", _fmt_s(f1), f"{f1 / floor:.2f}x",
+              "the API's engine call: checks 14-15 in the copy")
     h1 = times[("hash", 1)]
     rep.ratio("  hashing alone (1 thread) vs memcpy floor", _fmt_s(h1), f"{h1 / floor:.2f}x",
               f"hash_deltas over all deltas, {hashed_bytes / h1 / 1e9:.1f} GB/s")
@@ -344,6 +353,8 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
         rep.ratio(f"decide+gather {nt} threads vs memcpy floor", _fmt_s(dn), f"{dn / floor:.2f}x",
                   "times the 1-thread floor")
         rep.ratio(f"decide+gather speed-up, {nt} threads vs 1", "", f"{d1 / dn:.2f}x",
+                  f"ideal {nt}x; shared machine")
+        rep.ratio(f"decide_and_gather speed-up, {nt} threads vs 1", "", f"{f1 / times[('fused', nt)]:.2f}x",
                   f"ideal {nt}x; shared machine")
         pc1, pcn = times[("pcopy", 1)], times[("pcopy", nt)]
         rep.line(f"memory-copy floor with Numba threads: 1 thread {_fmt_s(pc1)}, {nt} threads {_fmt_s(pcn)} "
