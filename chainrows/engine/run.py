@@ -338,15 +338,15 @@ def _gather(b: Batch, chunks: np.ndarray, dec: Decisions, options: Options,
         if status is None:
             run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.tok_start, b.delta_len, b.tokens[k],
                 input_ids)
+            if b.has_logprobs:
+                run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.lp_start, b.delta_len,
+                    b.logprobs[k], logprobs)
         else:
             run(copy_hash_deltas, copy_chunks, entries, ro_calls, ro_dst, b.delta_len, b.parent,
                 b.chain_hash, b.integrity_bad, b.tok_start, b.tok_stop, b.tokens[k], input_ids, status)
-        if b.has_logprobs and status is None:
-            run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.lp_start, b.delta_len, b.logprobs[k],
-                logprobs)
-        elif b.has_logprobs:
-            run(copy_check_logprobs, copy_chunks, entries, ro_calls, ro_dst, b.delta_len, b.gen_len,
-                b.lp_start, b.lp_stop, b.logprobs[k], logprobs, status)
+            if b.has_logprobs:
+                run(copy_check_logprobs, copy_chunks, entries, ro_calls, ro_dst, b.delta_len, b.gen_len,
+                    b.lp_start, b.lp_stop, b.logprobs[k], logprobs, status)
     row_rollout = np.repeat(np.arange(R, dtype=np.int64), rows_per)
     return RowArrays(row_off, row_rollout, segment, rows_per[row_rollout].astype(np.int32), prompt,
                      tok_off, input_ids, loss_mask, logprobs if b.has_logprobs else None, call_off,

@@ -17,8 +17,9 @@ _REASON_OF = np.array(reasons.DETAIL_REASON, dtype=np.int64)
 _REASON_NAMES = pa.array([r for r in reasons.REASONS], pa.string())
 
 
-def _list_array(offsets: np.ndarray, values: pa.Array) -> pa.Array:
-    if len(values) >= 2**31:
+def _list_array(offsets: np.ndarray, values: pa.Array, large: bool | None = None) -> pa.Array:
+    """A list array; 64-bit offsets when ``large`` (None: when ``values`` needs them)."""
+    if len(values) >= 2**31 if large is None else large:
         return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
 
@@ -38,9 +39,7 @@ def _token_lists(rows: RowArrays, values: np.ndarray, value_type: pa.DataType) -
     chunks = []
     for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
         piece = off[a:b + 1] - off[a]
-        items = pa.array(values[pos[a]:pos[a] + piece[-1]], value_type)
-        chunks.append(pa.LargeListArray.from_arrays(pa.array(piece, pa.int64()), items) if large
-                      else pa.ListArray.from_arrays(pa.array(piece.astype(np.int32)), items))
+        chunks.append(_list_array(piece, pa.array(values[pos[a]:pos[a] + piece[-1]], value_type), large))
     return pa.chunked_array(chunks, (pa.large_list if large else pa.list_)(value_type))
 
 
