@@ -117,7 +117,8 @@ def same_table(a, b) -> bool:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.ray_bench",
+                                 description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--gb", type=float, default=1.1, help="token + logprob bytes of the dataset (default 1.1)")
     ap.add_argument("--shape", default="capture", help="a shape of asv_benchmarks.shapes (default capture)")
     ap.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="CPUs of the local Ray")

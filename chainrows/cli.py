@@ -431,7 +431,13 @@ COMMANDS.update(_GYM_COMMANDS)
 
 def main(argv=None) -> int:
     """Run one command; returns its exit code (0, 1, 2 or 130, see the module docstring)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the error points at the help of the command they were given to
+        message = f"unrecognized arguments: {' '.join(extra)}"
+        if args.command:
+            _usage_error(args, message)
+        parser.error(message)
     if args.version:
         from chainrows import __version__
 

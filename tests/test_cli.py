@@ -295,6 +295,8 @@ SUBCOMMAND_ERRORS = [
     ["synth", "{out}", "--worker-rate", "0.6", "--fork-rate", "0.6"],
     ["import-jsonl", "a", "b"],
     ["stats", "{data}", "--threads", "0"],
+    ["reassemble", "--bogus", "{data}", "{out}"],  # unknown options: the top parser reports them
+    ["export-gym", "a", "b", "c", "d", "--zzz"],
 ]
 
 

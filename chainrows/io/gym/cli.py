@@ -25,8 +25,9 @@ def add_parsers(sub) -> None:
     i.add_argument("--threads", type=_at_least_one, default=None, help="hashing threads (default: all cores)")
     i.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     e = sub.add_parser("export-gym", help="raw JSON Lines (docs/jsonl.md) -> a NeMo Gym dump",
-                       description="Write the three JSON Lines files that import-jsonl reads as a NeMo "
-                                   "Gym dump with real digests and fingerprints (docs/gym.md).",
+                       description="Read the three raw JSON Lines files that import-jsonl reads (docs/jsonl.md) "
+                                   "and write them as a NeMo Gym dump, with real digests and fingerprints "
+                                   "(docs/gym.md).",
                        epilog=EPILOG)
     e.add_argument("ledger", help="one JSON object per model call")
     e.add_argument("tokens", help="one JSON object per call: its delta tokens (and logprobs)")
