@@ -28,6 +28,7 @@ DEFAULT_BUDGET = 4 << 30
 BASE_RSS = 320 << 20     # process baseline where it cannot be measured (no /proc)
 MIN_ROOM = 96 << 20      # the least memory above the baseline any path works in
 MEMORY_FACTOR = 4.0      # in-memory run: peak over the input's uncompressed bytes (3.3x measured)
+MEMORY_FIXED = 96 << 20  # in-memory run: working memory whatever the input's size (threads, writers)
 SHARE = 0.75             # of the room above the baseline, what the planned peak may use
 SPILL_PEAK_FACTOR = 6.0  # spill bucket: peak over its input, allocator retention included
 BUCKET_SHARE = 0.6
@@ -124,7 +125,8 @@ def spill_format(work_parent, total_bytes: int) -> pa.ipc.IpcWriteOptions:
 
 
 def fits_in_memory(total_bytes: int, room: int) -> bool:
-    return total_bytes * MEMORY_FACTOR <= SHARE * room
+    """The in-memory path's estimated peak above the baseline is within SHARE of the room."""
+    return MEMORY_FIXED + total_bytes * MEMORY_FACTOR <= SHARE * room
 
 
 def stream_peak(plan) -> float:

@@ -477,11 +477,30 @@ def read_table(dataset_dir: str | os.PathLike, name: str,
     return _concat(plan, parts)
 
 
+READ_PIECE_BYTES = 64 << 20
+
+
 def _read_file(plan: TablePlan, i: int) -> pa.Table:
+    """One file, read a row group at a time and made one chunk per READ_PIECE_BYTES or so.
+    pyarrow's whole-file read decodes every row group before it concatenates them (on
+    dictionary-encoded token lists a peak of ~4x the table, docs/limits.md "Memory budget");
+    a chunk per row group would leave small row groups to be copied into larger buffers later."""
     file, present = plan.files[i], plan.present[i]
+    columns = [c for c in present if c in plan.columns]
     try:
         pf = pq.ParquetFile(file)
-        raw = pf.read(columns=[c for c in present if c in plan.columns])
+        if pf.metadata.num_row_groups == 0:
+            raw = pf.read(columns=columns)
+        else:
+            pieces, pending = [], []
+            for g in range(pf.metadata.num_row_groups):
+                pending.append(pf.read_row_group(g, columns=columns))
+                if sum(t.nbytes for t in pending) >= READ_PIECE_BYTES:
+                    pieces.append(pa.concat_tables(pending).combine_chunks())
+                    pending = []
+            if pending:
+                pieces.append(pa.concat_tables(pending).combine_chunks())
+            raw = pa.concat_tables(pieces)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=plan.name,
                          file=file) from exc
