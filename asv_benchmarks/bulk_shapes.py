@@ -15,7 +15,9 @@ calls) at ``--gb`` of token + logprob bytes:
   touched buffers, and one copy into a new Arrow buffer with the previous still alive (what the
   API's outputs get: every result is new memory, first written by the engine); and against
   that copy plus pyarrow dictionary-encoding every id string of the tables once, one thread
-  (the per-call work the copy leaves out, which dominates many short calls).
+  (the per-call work the copy leaves out, which dominates many short calls). The speed-up on
+  all threads is printed beside the same copy's own on as many threads (its parts side by
+  side): a copy-bound call cannot gain more than memory bandwidth gives the copy.
 - API with freed memory retained (``--retained``): the same, in a fresh process whose
   allocators keep freed memory for reuse (``RETAIN_ENV``: mimalloc never purges, glibc never
   maps an array on its own nor trims; docs/decisions-engine.md "Fresh memory on this VM").
@@ -112,6 +114,27 @@ def _copy_seconds(nbytes: int, repeats: int) -> float:
     return common.best_of(lambda: np.copyto(dst, src), repeats)[0]
 
 
+def _copy_speedup(nbytes: int, repeats: int, threads: int) -> tuple[float, float]:
+    """Best seconds of ``common.parallel_copy`` of ``nbytes`` between touched buffers on 1 and
+    on ``threads`` threads: the ceiling of the API's speed-up on the same machine, since what a
+    copy gains from threads is what memory bandwidth allows."""
+    import numba
+    import numpy as np
+
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.ones_like(src)
+    before = numba.get_num_threads()
+    common.parallel_copy(dst[:1 << 20], src[:1 << 20])  # compiled before it is timed
+    seconds = []
+    try:
+        for n in (1, threads):
+            numba.set_num_threads(n)
+            seconds.append(common.best_of(lambda: common.parallel_copy(dst, src), repeats)[0])
+    finally:
+        numba.set_num_threads(before)
+    return seconds[0], seconds[1]
+
+
 def _fresh_copy_seconds(nbytes: int, repeats: int) -> float:
     """Best seconds of one copy of ``nbytes`` into a new buffer from Arrow's pool, the previous
     one still alive, as the API's outputs are (the caller holds its last result)."""
@@ -181,13 +204,15 @@ def api_vs_copy(src: Path, repeats: int) -> dict:
     fresh = _fresh_copy_seconds(out_bytes, repeats)
     ids = _id_hash_seconds(tables, repeats)
     threads = numba.get_num_threads()
+    copy_one, copy_all = _copy_speedup(out_bytes, repeats, threads)
     times = {}
     for n in (1, threads):
         numba.set_num_threads(n)
         times[n] = common.best_of(lambda: chainrows.reassemble(*tables), repeats)[0]
     numba.set_num_threads(threads)
     return {"chunks": ds.tokens["tokens"].num_chunks, "out_bytes": out_bytes, "copy": copy,
-            "fresh": fresh, "ids": ids, "threads": threads, "one": times[1], "all": times[threads]}
+            "fresh": fresh, "ids": ids, "threads": threads, "copy_one": copy_one, "copy_all": copy_all,
+            "one": times[1], "all": times[threads]}
 
 
 def api_retained(src: Path, repeats: int) -> dict:
@@ -207,7 +232,8 @@ def api_line(r: dict, label: str = "API") -> str:
             f"{r['one'] / r['fresh']:.1f}x one copy into fresh memory ({r['fresh']:.3f} s), "
             f"{r['one'] / (r['copy'] + r['ids']):.1f}x one copy + every id string hashed once by pyarrow "
             f"({r['ids']:.3f} s); {r['threads']} threads "
-            f"{r['all']:.2f} s, speed-up {r['one'] / r['all']:.2f}x")
+            f"{r['all']:.2f} s, speed-up {r['one'] / r['all']:.2f}x (one copy's own on {r['threads']} threads "
+            f"{r['copy_one'] / r['copy_all']:.2f}x: {r['copy_one']:.3f} -> {r['copy_all']:.3f} s)")
 
 
 def cli_vs_floor(shape: str, gb: float, repeats: int, work: Path) -> dict:
