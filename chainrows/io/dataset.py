@@ -478,29 +478,36 @@ def read_table(dataset_dir: str | os.PathLike, name: str,
 
 
 READ_PIECE_BYTES = 64 << 20
+READ_BATCH_BYTES = 8 << 20
+
+
+def _read_batch_rows(md: pq.FileMetaData) -> int:
+    """Rows per decoded batch: about READ_BATCH_BYTES of the file's uncompressed pages (smaller
+    batches hold fewer decoding buffers at once), at least 1,024 rows."""
+    size = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
+    return max(1024, min(DEFAULT_BATCH_ROWS, READ_BATCH_BYTES * md.num_rows // max(1, size)))
 
 
 def _read_file(plan: TablePlan, i: int) -> pa.Table:
-    """One file, read a row group at a time and made one chunk per READ_PIECE_BYTES or so.
-    pyarrow's whole-file read decodes every row group before it concatenates them (on
-    dictionary-encoded token lists a peak of ~4x the table, docs/limits.md "Memory budget");
-    a chunk per row group would leave small row groups to be copied into larger buffers later."""
+    """One file, decoded by the streaming paths' reader (:func:`_iter_file`'s settings, so every
+    path reads damaged pages alike) and made one chunk per READ_PIECE_BYTES or so. pyarrow's
+    whole-file read decodes every row group before it concatenates them (on dictionary-encoded
+    token lists a peak of ~4x the table, docs/limits.md "Memory budget"); one chunk per batch
+    would leave small chunks to be copied into larger buffers later."""
     file, present = plan.files[i], plan.present[i]
     columns = [c for c in present if c in plan.columns]
     try:
-        pf = pq.ParquetFile(file)
-        if pf.metadata.num_row_groups == 0:
-            raw = pf.read(columns=columns)
-        else:
-            pieces, pending = [], []
-            for g in range(pf.metadata.num_row_groups):
-                pending.append(pf.read_row_group(g, columns=columns))
-                if sum(t.nbytes for t in pending) >= READ_PIECE_BYTES:
-                    pieces.append(pa.concat_tables(pending).combine_chunks())
-                    pending = []
-            if pending:
-                pieces.append(pa.concat_tables(pending).combine_chunks())
-            raw = pa.concat_tables(pieces)
+        pf = pq.ParquetFile(file, pre_buffer=False, buffer_size=STREAM_BUFFER)
+        pieces, pending, pending_bytes = [], [], 0
+        for batch in pf.iter_batches(batch_size=_read_batch_rows(pf.metadata), columns=columns):
+            pending.append(batch)
+            pending_bytes += batch.nbytes
+            if pending_bytes >= READ_PIECE_BYTES:
+                pieces.append(pa.Table.from_batches(pending).combine_chunks())
+                pending, pending_bytes = [], 0
+        if pending:
+            pieces.append(pa.Table.from_batches(pending).combine_chunks())
+        raw = pa.concat_tables(pieces) if pieces else pf.read(columns=columns)  # no rows: the schema
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=plan.name,
                          file=file) from exc
