@@ -53,6 +53,10 @@ def test_same_result_whatever_the_chunking(tables, monkeypatch, rows, min_bytes)
     # logprobs chunked unlike tokens: one buffer for both
     odd = _lp_rechunked(chunked, rows + 3)
     assert _bytes(chainrows.reassemble(ledger, odd, rollouts)) == want
+    # more logprobs chunks than token chunks (the buffer takes every chunk of each column)
+    more = _lp_rechunked(_rechunk(tokens, 3 * rows + 5), rows)
+    assert more["logprobs"].num_chunks > more["tokens"].num_chunks
+    assert _bytes(chainrows.reassemble(ledger, more, rollouts)) == want
 
 
 def test_chunks_used_in_place_when_large(tables, monkeypatch):

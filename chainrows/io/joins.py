@@ -151,8 +151,9 @@ def token_buffers(tokens: pa.Table) -> TokenBuffers:
     row_chunk = np.repeat(np.arange(len(groups), dtype=np.int64), rows)
     if lp_col is None:
         return TokenBuffers(row_chunk, tok_start, tok_stop, tok_bufs, None, None, None)
+    lp_groups = groups if len(groups) > 1 else [(0, lp_col.num_chunks)]  # one buffer: all of its chunks
     return TokenBuffers(row_chunk, tok_start, tok_stop, tok_bufs,
-                        *_column_buffers(lp_col, groups, np.float32, "logprobs", False))
+                        *_column_buffers(lp_col, lp_groups, np.float32, "logprobs", False))
 
 
 def _column_buffers(col: pa.ChunkedArray, groups, dtype, name: str, null_is_empty: bool):
