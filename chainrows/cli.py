@@ -1,8 +1,9 @@
 """The ``chainrows`` command line: reassemble, synth, import-jsonl, import-gym, export-gym, stats.
 
 Exit codes: 0 ran (masked rollouts included), 2 unusable input or bad arguments, 1 an internal
-error (one line; set CHAINROWS_DEBUG=1 for the traceback), 130 interrupted, 141 stdout closed by
-its reader (``| head``), as a tool killed by SIGPIPE. Every command that
+error (one line; set CHAINROWS_DEBUG=1 for the traceback), 130 interrupted, 143 terminated
+(SIGTERM, handled as an interrupt), 141 stdout closed by its reader (``| head``), as a tool killed
+by SIGPIPE. Every command that
 writes follows one overwrite policy (chainrows.io.write.check_destination): an OUT holding a
 complete result is refused unless ``--overwrite``; what an interrupted run left is resumed or
 replaced; OUT and the input never nest.
@@ -13,14 +14,16 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 import time
 
 from chainrows import options
 
 DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
 EPILOG = ("exit codes: 0 ran (masked rollouts included), 2 unusable input or arguments (one line), "
-          "1 internal error (CHAINROWS_DEBUG=1 shows the traceback), 130 interrupted, "
+          "1 internal error (CHAINROWS_DEBUG=1 shows the traceback), 130 interrupted, 143 terminated, "
           "141 stdout closed by its reader (e.g. | head). "
           "The input format is docs/format.md, the reason codes docs/reasons.md.")
 COMPILING = "compiling kernels (first run; later runs load them from the cache)..."
@@ -429,8 +432,36 @@ from chainrows.io.gym.cli import COMMANDS as _GYM_COMMANDS  # noqa: E402 (argpar
 COMMANDS.update(_GYM_COMMANDS)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what ``timeout``, Slurm, Docker and Kubernetes send), raised in the main thread
+    so that a run stops and cleans up as it does on Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup short
+    raise Terminated()
+
+
+def _catch_sigterm():
+    """Install :func:`_on_sigterm` where SIGTERM still has its default action (an embedding
+    program's own handler stays); returns the handler to restore, or None."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 def main(argv=None) -> int:
-    """Run one command; returns its exit code (0, 1, 2 or 130, see the module docstring)."""
+    """Run one command; returns its exit code (0, 1, 2, 130 or 143, see the module docstring)."""
+    previous = _catch_sigterm()
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the error points at the help of the command they were given to
@@ -473,9 +504,10 @@ def main(argv=None) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}", file=sys.stderr)
         rc = 2
-    except KeyboardInterrupt:
-        print(f"chainrows: interrupted; no output written{_left_behind(args)}", file=sys.stderr)
-        rc = 130
+    except KeyboardInterrupt as exc:
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"chainrows: {what}; no output written{_left_behind(args)}", file=sys.stderr)
+        rc = 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # one line, never a traceback at the CLI
         if os.environ.get("CHAINROWS_DEBUG"):
             raise
