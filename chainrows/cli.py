@@ -508,6 +508,13 @@ def _main(argv) -> int:
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         print(f"chainrows: {what}; no output written{_left_behind(args)}", file=sys.stderr)
         rc = 143 if isinstance(exc, Terminated) else 130
+    except MemoryError as exc:  # the machine's limit, not the input's fault (pyarrow's ArrowMemoryError too)
+        if os.environ.get("CHAINROWS_DEBUG"):
+            raise
+        detail = " ".join(str(exc).split())
+        print(f"chainrows: error: out of memory{f' ({detail})' if detail else ''}: give the run a "
+              f"--memory-budget within what this machine has free", file=sys.stderr)
+        rc = 1
     except Exception as exc:  # one line, never a traceback at the CLI
         if os.environ.get("CHAINROWS_DEBUG"):
             raise

@@ -573,3 +573,36 @@ def test_a_reader_that_closes_stdout_early_ends_the_run_as_sigpipe_would(good, t
     assert p.returncode == 141, p.stderr
     assert p.stderr == ""
     assert set(output_bytes(tmp_path / "out")) == OUTPUT_ENTRIES
+
+
+def test_a_fifo_among_a_tables_parts_is_refused_not_read(good, tmp_path):
+    """A named pipe in a table directory would block the reader forever (a review's run hung
+    until `timeout` killed it): it is refused up front, exit 2, one line naming it."""
+    parts = tmp_path / "parts"
+    for name in ("ledger", "tokens", "rollouts"):
+        (parts / name).mkdir(parents=True)
+        (parts / name / "a.parquet").write_bytes((good / f"{name}.parquet").read_bytes())
+    os.mkfifo(parts / "tokens" / "b.parquet")
+    res = subprocess.run([sys.executable, "-m", "chainrows", "reassemble", str(parts), str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 2, res
+    line = _one_line(res)
+    assert "tokens" in line and "'b.parquet'" in line and "not a regular file" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_of_memory_while_reading_is_not_blamed_on_the_input(good, tmp_path, monkeypatch, capsys):
+    """pyarrow's ArrowMemoryError is an ArrowException too: it was reported as an unreadable
+    file (exit 2). It is the machine's limit: exit 1, one line saying so."""
+    import pyarrow.parquet as pq
+
+    from chainrows.cli import main
+
+    def no_memory(self, *args, **kwargs):
+        raise pa.ArrowMemoryError("malloc of size 39925248 failed")
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", no_memory)
+    assert main(["reassemble", str(good), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "out of memory (malloc of size 39925248 failed)" in err, err
+    assert "unreadable" not in err and not (tmp_path / "out").exists()

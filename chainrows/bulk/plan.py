@@ -95,6 +95,8 @@ def footer(name: str, file) -> pq.FileMetaData:
     """A Parquet footer; an unreadable file is unusable input."""
     try:
         return pq.ParquetFile(file).metadata
+    except MemoryError:
+        raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"unreadable Parquet file: {' '.join(str(exc).split())}", table=name,
                          file=file) from exc

@@ -107,6 +107,9 @@ def _list_parts(folder: Path, name: str) -> list[Path]:
             raise InputError(f"unexpected subdirectory {entry!r} in the table directory "
                              f"(nested or partitioned layouts are not supported)",
                              table=name, directory=folder)
+        if not path.is_file():  # a FIFO would block the reader forever; a dangling link fails later anyway
+            raise InputError(f"{entry!r} in the table directory is not a regular file",
+                             table=name, directory=folder)
         files.append(path)
     return files
 
@@ -234,6 +237,8 @@ def plan_table(dataset_dir: str | os.PathLike, name: str,
 def _read_schema(name: str, file: Path) -> pa.Schema:
     try:
         return pq.read_schema(file)
+    except MemoryError:  # pyarrow's ArrowMemoryError: the machine's, not the file's
+        raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=name,
                          file=file) from exc
@@ -508,6 +513,8 @@ def _read_file(plan: TablePlan, i: int) -> pa.Table:
         if pending:
             pieces.append(pa.Table.from_batches(pending).combine_chunks())
         raw = pa.concat_tables(pieces) if pieces else pf.read(columns=columns)  # no rows: the schema
+    except MemoryError:  # pyarrow's ArrowMemoryError: the machine's, not the file's
+        raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=plan.name,
                          file=file) from exc
@@ -563,6 +570,8 @@ def _iter_file(plan, file, read_cols, batch_rows) -> Iterator[pa.RecordBatch]:
         pf = pq.ParquetFile(file, pre_buffer=False, buffer_size=STREAM_BUFFER)
         footer_rows = pf.metadata.num_rows
         batches = pf.iter_batches(batch_size=batch_rows, columns=read_cols)
+    except MemoryError:  # pyarrow's ArrowMemoryError: the machine's, not the file's
+        raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=plan.name,
                          file=file) from exc
@@ -584,6 +593,8 @@ def _guard(batches: Iterable, name: str, file: Path):
             batch = next(it)
         except StopIteration:
             return
+        except MemoryError:  # pyarrow's ArrowMemoryError: the machine's, not the file's
+            raise
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=name,
                              file=file) from exc
