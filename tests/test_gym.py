@@ -413,6 +413,14 @@ def test_hashing_on_the_pool_gives_what_hashing_inline_gives(tmp_path, monkeypat
 
 # ----------------------------------------------------------------------------- malformed input
 
+def _deep_output(line: str) -> str:
+    """The line with 900 nested arrays inside its first model-authored output item's fields."""
+    rec = json.loads(line)
+    item = next(i for i in rec["response"]["output"] if i.get("type") == "reasoning")
+    item["summary"] = item.get("summary", []) + ["N"]
+    return json.dumps(rec).replace('"N"', "[" * 900 + "]" * 900)
+
+
 MALFORMED = [
     ("receipts", 1, lambda lines: ["{not json"] + lines[1:], "invalid JSON"),
     ("staged", 3, lambda lines: lines[:2] + ["[1, 2]"] + lines[3:], "expected a JSON object"),
@@ -441,6 +449,12 @@ MALFORMED = [
     ("staged", 2, lambda lines: lines[:1] + ['{"a": ' + "[" * 200_000 + "]" * 200_000 + "}"] + lines[2:],
      "invalid JSON: nested too deeply"),
     ("receipts", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), reward="high"))], "field 'reward'"),
+    # JSON that parses but that Python cannot carry on with (each was an internal error, exit 1)
+    ("receipts", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), rollout_id="\ud800"))] + lines[1:],
+     "invalid JSON: a string holds a lone UTF-16 surrogate escape"),
+    ("receipts", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), reward="R")).replace('"R"', "1" + "0" * 400)]
+     + lines[1:], "field 'reward' is beyond the float64 range"),
+    ("results", 1, lambda lines: [_deep_output(lines[0])] + lines[1:], "output cannot be fingerprinted: nested too deeply"),
     ("results", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), response=[]))], "field 'response'"),
 ]
 
@@ -830,3 +844,26 @@ def test_fast_reader_matches_the_exact_parser_on_random_edits(tmp_path_factory, 
         monkeypatch.setattr(I, "BUCKET_SHARE", 1)
         options["memory_budget"] = max(1, path.stat().st_size // 3)
     _import_both(dump, tmp / "out", monkeypatch, **options)
+
+
+@pytest.mark.parametrize("bad", ["x", "abc", "ZZ" * 32])
+def test_a_parents_malformed_chain_hash_fails_the_child_not_the_import(tmp_path, bad):
+    """The child's chain hash is seeded with its parent's recorded one: malformed there, the
+    parent fails its hex check and the child cannot be checked (it was an internal error,
+    bytes.fromhex on the seed)."""
+    dump = tmp_path / "dump"
+    shutil.copytree(EXAMPLE / "dump", dump)
+    receipts = _read(dump, "receipts")
+    staged = _read(dump, "staged")
+    for m in receipts[0]["manifest"]:
+        if m["model_call_id"] == "c1":
+            m["chain_hash"] = bad
+    for s in staged:
+        if s["rollout_id"] == receipts[0]["rollout_id"] and s["model_call_id"] == "c1":
+            s["chain_hash"] = bad
+    _write(dump, "receipts", receipts)
+    _write(dump, "staged", staged)
+    assert main(["import-gym", str(dump), str(tmp_path / "ds")]) == 0
+    ledger = read_dataset(tmp_path / "ds").ledger.to_pylist()
+    errors = {r["call_id"]: r["integrity_error"] for r in ledger if r["rollout_id"] == receipts[0]["rollout_id"]}
+    assert errors["c1"] == V.HEX and errors["c2"] == V.PARENT_HEX, errors

@@ -345,3 +345,32 @@ def test_tables_are_arrow_with_expected_types(tmp_path):
     assert ledger.schema.field("chain_hash").type == pa.uint64()
     assert tokens.schema.field("tokens").type == pa.list_(pa.int32())
     assert rollouts.schema.field("output_keys").type == pa.list_(pa.uint64())
+
+
+# JSON that parses but that Python cannot carry on with: each was an internal error (exit 1)
+@pytest.mark.parametrize("reader,line,what", [
+    (read_ledger_jsonl, json.dumps(CALL).replace('"c1"', '"\\ud800"'),
+     "line 1: invalid JSON: a string holds a lone UTF-16 surrogate escape"),
+    (read_results_jsonl, json.dumps(RESULT).replace('"g"', '"\\udfff"'),
+     "line 1: invalid JSON: a string holds a lone UTF-16 surrogate escape"),
+    (read_results_jsonl, json.dumps(RESULT).replace("1.0", "1" + "0" * 400),
+     "line 1: field 'reward' is beyond the float64 range"),
+    (read_ledger_jsonl, json.dumps(CALL).replace('"hi"', "[" * 900 + "]" * 900),
+     "line 1: field 'output_items' cannot be fingerprinted: nested too deeply"),
+    (read_ledger_jsonl, json.dumps(CALL).replace('"prev_len": 0', '"prev_len": 1' + "0" * 5000),
+     "line 1: invalid JSON: Exceeds the limit (4300 digits)"),
+])
+def test_json_python_cannot_hold_is_a_one_line_input_error(tmp_path, reader, line, what):
+    path = tmp_path / "x.jsonl"
+    path.write_text(line + "\n")
+    assert what in _err(reader, path)
+
+
+def test_a_surrogate_pair_escape_is_text_and_a_huge_logprob_is_inf(tmp_path):
+    """A proper \\ud83d\\ude00 pair decodes to one character; a logprob integer literal beyond
+    float64 becomes -inf as float32 storage would have it (left to check 15)."""
+    call = _lines(tmp_path / "l.jsonl", json.dumps(CALL).replace('"c1"', '"c\\ud83d\\ude00"'))
+    assert read_ledger_jsonl(call).column("call_id").to_pylist() == ["c\U0001F600"]
+    toks = _lines(tmp_path / "t.jsonl", '{"rollout_id": "r1", "call_id": "c1", "tokens": [1, 2], '
+                                        '"logprobs": [0.0, -1' + "0" * 400 + "]}")
+    assert read_tokens_jsonl(toks).column("logprobs").to_pylist() == [[0.0, float("-inf")]]

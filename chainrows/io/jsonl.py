@@ -97,7 +97,10 @@ class _Line:
     def number(self, field: str, default: Any = _MISSING) -> float | None:
         value = self.get(field, default)
         if value is None or (type(value) in (int, float)):
-            return None if value is None else float(value)
+            try:
+                return None if value is None else float(value)
+            except OverflowError:  # an integer literal beyond float64
+                raise self.error(f"is beyond the float64 range ({str(value)[:20]}...)", field) from None
         raise self.error(f"must be a number or null, got {_kind(value)}", field)
 
 
@@ -117,6 +120,53 @@ def _open(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Some string in the parsed JSON value holds a lone UTF-16 surrogate (JSON's \\ud800
+    escapes decode to such strings, which are not Unicode text). Iterative: no recursion limit."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def parse_object(raw: bytes, file: Path, number: int, table: str) -> dict:
+    """One line's JSON object. InputError (file, line) for bad UTF-8, bad JSON, JSON Python
+    cannot hold (nesting too deep, an integer past its digit limit), a string with a lone
+    UTF-16 surrogate, or a value that is not an object."""
+    try:
+        rec = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, int limits
+        if isinstance(exc, json.JSONDecodeError):
+            msg = exc.msg
+        elif isinstance(exc, UnicodeDecodeError):
+            msg = "invalid UTF-8"
+        elif isinstance(exc, RecursionError):
+            msg = "nested too deeply"
+        else:  # e.g. an integer literal past Python's digit limit
+            msg = " ".join(str(exc).split())
+        raise InputError(f"line {number}: invalid JSON: {msg}", table=table, file=file, line=number) from exc
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(rec):
+        raise InputError(f"line {number}: invalid JSON: a string holds a lone UTF-16 surrogate escape "
+                         f"(not Unicode text)", table=table, file=file, line=number)
+    if not isinstance(rec, dict):
+        raise InputError(f"line {number}: expected a JSON object, got {_kind(rec)}", table=table,
+                         file=file, line=number)
+    return rec
+
+
 def iter_records(path: str | os.PathLike, table: str) -> Iterator[_Line]:
     """Yield each non-blank line of a JSON Lines file as a parsed object, with its 1-based
     line number. Raises InputError for a missing file, bad UTF-8, bad JSON, a non-object."""
@@ -129,18 +179,8 @@ def iter_records(path: str | os.PathLike, table: str) -> Iterator[_Line]:
     with handle:
         try:
             for number, raw in enumerate(handle, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    rec = json.loads(raw)
-                except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-                    msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "invalid UTF-8"
-                    raise InputError(f"line {number}: invalid JSON: {msg}", table=table,
-                                     file=file, line=number) from exc
-                if not isinstance(rec, dict):
-                    raise InputError(f"line {number}: expected a JSON object, got {_kind(rec)}",
-                                     table=table, file=file, line=number)
-                yield _Line(rec, file, number, table)
+                if raw.strip():
+                    yield _Line(parse_object(raw, file, number, table), file, number, table)
         except (OSError, EOFError) as exc:  # unreadable or truncated .gz
             raise InputError(f"cannot read JSON Lines file: {exc}", table=table,
                              file=file) from exc
@@ -173,6 +213,8 @@ def _item_keys(r: _Line, field: str, default: Any = _MISSING) -> tuple[list[int]
         keys, ids = model_item_keys(items)
     except (ValueError, TypeError) as exc:  # NaN/Infinity, unserializable values
         raise r.error(f"cannot be fingerprinted: {exc}", field) from exc
+    except RecursionError:
+        raise r.error("cannot be fingerprinted: nested too deeply", field) from None
     for i, item_id in enumerate(ids):
         if item_id is not None and not isinstance(item_id, str):
             raise r.error(f"model-authored item {i} has an id that is not a string: "
@@ -204,7 +246,16 @@ def _float_list(r: _Line, field: str) -> list[float] | None:
     if not all(type(v) in (float, int) for v in values):
         bad = next(i for i, v in enumerate(values) if type(v) not in (float, int))
         raise r.error(f"entry {bad} must be a number, got {_kind(values[bad])}", field)
+    if values and (max(values) >= 1 << 63 or min(values) < -(1 << 63)):  # Arrow takes ints through int64
+        return [_float_or_inf(v) for v in values]
     return values
+
+
+def _float_or_inf(v) -> float:
+    try:
+        return float(v)
+    except OverflowError:  # an integer literal beyond float64: as float32 storage does, ±inf
+        return float("inf") if v > 0 else float("-inf")
 
 
 def _string_list(r: _Line, field: str) -> list[str] | None:

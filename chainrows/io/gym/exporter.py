@@ -82,6 +82,8 @@ def _item_ref(r, item: dict) -> dict:
         fp = fingerprint(item)
     except (ValueError, TypeError) as exc:
         raise r.error(f"cannot be fingerprinted: {exc}", "output_items") from exc
+    except RecursionError:
+        raise r.error("cannot be fingerprinted: nested too deeply", "output_items") from None
     return {"id": item.get("id"), "fingerprint": fp}
 
 

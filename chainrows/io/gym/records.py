@@ -10,7 +10,6 @@ error here. Token payloads become numpy arrays in one conversion per line.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 
 from chainrows.io.errors import InputError
 from chainrows.io.gym.fingerprints import key_of, model_items
-from chainrows.io.jsonl import _kind
+from chainrows.io.jsonl import _kind, parse_object
 from chainrows.io.jsonl import _Line as Line
 from chainrows.io.gym.wire import is_hex64
 
@@ -66,23 +65,8 @@ def iter_raw(path: Path, table: str) -> Iterator[tuple[int, bytes]]:
 
 
 def parse_line(raw: bytes, file: Path, number: int, table: str) -> Line:
-    """One JSON object; InputError for bad UTF-8, bad JSON or a non-object."""
-    try:
-        rec = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, int limits
-        if isinstance(exc, json.JSONDecodeError):
-            msg = exc.msg
-        elif isinstance(exc, UnicodeDecodeError):
-            msg = "invalid UTF-8"
-        elif isinstance(exc, RecursionError):
-            msg = "nested too deeply"
-        else:  # e.g. an integer literal past Python's digit limit
-            msg = " ".join(str(exc).split())
-        raise InputError(f"line {number}: invalid JSON: {msg}", table=table, file=file, line=number) from exc
-    if not isinstance(rec, dict):
-        raise InputError(f"line {number}: expected a JSON object, got {_kind(rec)}", table=table,
-                         file=file, line=number)
-    return Line(rec, file, number, table)
+    """One JSON object (:func:`chainrows.io.jsonl.parse_object`'s checks)."""
+    return Line(parse_object(raw, file, number, table), file, number, table)
 
 
 # ----------------------------------------------------------------------------- field helpers
@@ -401,6 +385,8 @@ def parse_result(r: Line) -> Result:
         keys, ids = model_items(output)
     except (ValueError, TypeError) as exc:
         raise r.error(f"output cannot be fingerprinted: {exc}", "response") from exc
+    except RecursionError:
+        raise r.error("output cannot be fingerprinted: nested too deeply", "response") from None
     for i, item_id in enumerate(ids):
         if item_id is not None and not isinstance(item_id, str):
             raise r.error(f"model-authored output item {i} has an id that is not a string", "response")

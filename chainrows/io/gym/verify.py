@@ -50,6 +50,7 @@ HEX = "a digest or hash is not 64 lowercase hex"
 EXTRAS_ENC = "extras cannot be encoded"
 NO_PARENT = "parent call not in the manifest"
 NO_PARENT_CHAIN = "parent's recorded chain_hash is null"
+PARENT_HEX = "parent's recorded chain_hash is not 64 lowercase hex"
 NO_PREFIX = "cumulative hash unverifiable: an ancestor has no staged call"
 EXTRAS = "extras digest mismatch"
 CHAIN = "chain hash mismatch"
@@ -186,6 +187,8 @@ def _structural(rollout_id: str, rec: CallRecord, st: StagedCall, parent: CallRe
         return NO_PARENT
     if not root and parent.chain_hash is None and st.chain_hash is not None:
         return NO_PARENT_CHAIN
+    if not root and st.chain_hash is not None and not W.is_hex64(parent.chain_hash):  # the seed
+        return PARENT_HEX
     return None
 
 
