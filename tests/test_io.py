@@ -1332,3 +1332,28 @@ def test_api_refuses_an_array_whose_end_offset_is_past_its_buffer(table, column)
     column_data = pa.chunked_array([broken.slice(0, 1), a.slice(1)], a.type)  # chunk 0 ends past its values
     tables[table] = _replace_column(tables[table], column, column_data)
     assert _err(reassemble, *tables.values()).startswith(f"{table}: column {column!r} is not a valid Arrow array: ")
+
+
+@pytest.mark.parametrize("table,column", [("tokens", "tokens"), ("tokens", "logprobs"), ("ledger", "item_keys"),
+                                          ("rollouts", "output_keys")])
+@pytest.mark.parametrize("how", ["past", "fall", "negative"])
+def test_api_refuses_number_lists_whose_middle_offsets_are_broken(table, column, how):
+    """Middle offsets pass Arrow's quick validation whatever they hold; before any kernel or
+    Arrow function reads such a list column, the API refuses it in one line naming table and
+    column (a review got bare ValueErrors and IndexErrors from later steps)."""
+    from chainrows import reassemble
+
+    tables = dict(zip(("ledger", "tokens", "rollouts"), _tables()))
+    a = tables[table].column(column).combine_chunks()
+    o = a.offsets.to_numpy().copy()
+    if how == "past":
+        o[1] += 1_000_000
+    elif how == "fall":
+        o[1], o[2] = o[2] + 1, o[1]
+    else:
+        o[1] = -1_000_000
+    broken = pa.Array.from_buffers(a.type, len(a), [a.buffers()[0], pa.py_buffer(o.tobytes())], children=[a.values])
+    broken.validate()  # the quick validation passes
+    tables[table] = _replace_column(tables[table], column, pa.chunked_array([broken], a.type))
+    assert _err(reassemble, *tables.values()) == \
+        f"{table}: column {column!r} has list offsets that fall or point outside its values"

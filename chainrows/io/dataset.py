@@ -386,6 +386,24 @@ def check_offsets(name, file, table: pa.Table, row0: int = 0) -> None:
                              file=file, column=col_name)
 
 
+def check_list_offsets(name, file, table: pa.Table) -> None:
+    """Every list column of numbers (tokens, logprobs, item and output keys) has offsets that
+    never fall and stay inside its values: Arrow's quick validation checks only the end ones,
+    and a hand-built array given to the API can hold any in between. (Read from Parquet they
+    always hold; string lists are :func:`check_offsets`' and :func:`check_utf8`'s.)"""
+    for col_name in table.column_names:
+        t = table.column(col_name).type
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or _has_strings(t):
+            continue
+        for chunk in table.column(col_name).chunks:
+            if len(chunk) == 0:
+                continue
+            off = offsets_view(chunk.buffers()[1], pa.types.is_large_list(t), chunk.offset, len(chunk))
+            if off is None or not offsets_rise_within(off, len(chunk.values)):
+                raise InputError(f"column {col_name!r} has list offsets that fall or point outside its values",
+                                 table=name, file=file, column=col_name)
+
+
 def check_utf8(name, file, table: pa.Table, row0: int = 0) -> None:
     """Strings must be valid UTF-8 (Parquet readers do not check it): an id with invalid bytes
     cannot be compared, printed or written back reliably, so it is unusable input."""
@@ -454,6 +472,7 @@ def normalize(name: str, table: pa.Table, columns: Sequence[str], file: Path | N
     else:  # the caller runs the UTF-8 check elsewhere; what reads the strings meanwhile needs sound offsets
         check_offsets(name, file, out, row0)
         utf8_check(name, file, out, row0)
+    check_list_offsets(name, file, out)  # before anything flattens the lists
     _check_nulls(name, file, out, row0)
     return _empty_for_null_lists(out)
 
