@@ -432,13 +432,19 @@ def test_sigkill_leaves_no_damage_and_rerun_is_identical(crash_data, uninterrupt
     assert leftovers == [], f"stale staging/work dirs after a successful rerun: {leftovers}"
 
 
-def test_sigint_exits_130_with_one_line_and_no_output(crash_data, uninterrupted, tmp_path):
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"),
+                                           (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_an_interrupt_exits_with_one_line_and_leaves_only_the_resumable_work(crash_data, tmp_path, sig, code,
+                                                                           word):
+    """SIGINT (Ctrl-C) and SIGTERM (timeout, Slurm, Docker, Kubernetes): one line, no output, no
+    lock or staging dir; only the work kept for --resume (SIGTERM once killed the run silently,
+    leaving both behind)."""
     out = tmp_path / "out"
     out.mkdir()
-    rc, err = _start_and_kill(_cmd(crash_data, out), out, _partitioned, 0.0, signal.SIGINT)
+    rc, err = _start_and_kill(_cmd(crash_data, out), out, _partitioned, 0.0, sig)
     if rc == 0:
-        pytest.skip("the run finished before SIGINT arrived")
-    assert rc == 130 and len(err.splitlines()) == 1 and "interrupted" in err, (rc, err)
+        pytest.skip("the run finished before the signal arrived")
+    assert rc == code and len(err.splitlines()) == 1 and word in err and "--resume" in err, (rc, err)
     assert _output_bytes(out) == {}
     assert all(e.name == WORK for e in os.scandir(out)), os.listdir(out)
 
@@ -452,18 +458,6 @@ def test_sigterm_leaves_no_damage(crash_data, uninterrupted, tmp_path):
     if rc == 143:
         assert len(err.splitlines()) == 1 and "terminated (SIGTERM)" in err and "--resume" in err, err
     _assert_no_damage(out, uninterrupted, True, "SIGTERM")
-
-
-def test_sigterm_into_a_fresh_out_leaves_only_the_resumable_work(crash_data, tmp_path):
-    """What SIGINT leaves, SIGTERM leaves too: no lock, no staging dir, only the work kept for
-    --resume (a review found both left behind, and no message)."""
-    out = tmp_path / "out"
-    rc, err = _start_and_kill(_cmd(crash_data, out), out, _partitioned, 0.0, signal.SIGTERM)
-    if rc == 0:
-        pytest.skip("the run finished before SIGTERM arrived")
-    assert rc == 143 and len(err.splitlines()) == 1 and "terminated" in err, (rc, err)
-    assert _output_bytes(out) == {}
-    assert all(e.name == WORK for e in os.scandir(out)), os.listdir(out)
 
 
 def test_staging_dir_killed_before_its_lock_is_cleaned(tmp_path):
