@@ -40,6 +40,9 @@ def reassemble(ledger, tokens=None, rollouts=None, options: Options | None = Non
     """
     options = Options.of(options, **option_values)
     if isinstance(ledger, (str, os.PathLike)):
+        if tokens is not None or rollouts is not None:
+            raise TypeError("reassemble: a dataset directory comes alone (as ledger); pass either it "
+                            "or the three tables")
         from chainrows.io.dataset import read_dataset
 
         ds = read_dataset(ledger)

@@ -44,16 +44,16 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def _int_at_least(lowest: int):
-    """argparse type: an integer >= lowest."""
+def _int_at_least(lowest: int, below: int | None = None):
+    """argparse type: an integer >= lowest (and < below when given)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < lowest:
-            raise argparse.ArgumentTypeError(f"must be >= {lowest}")
+        if value < lowest or (below is not None and value >= below):
+            raise argparse.ArgumentTypeError(f"must be >= {lowest}" + (f" and < {below}" if below else ""))
         return value
 
     return parse
@@ -61,6 +61,7 @@ def _int_at_least(lowest: int):
 
 _positive = _int_at_least(0)
 _at_least_one = _int_at_least(1)
+_seed = _int_at_least(0, 1 << 64)  # numpy's seed range
 
 
 def _rate(text: str) -> float:
@@ -126,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "of corrupt rollouts covering every reason code.", epilog=EPILOG)
     s.add_argument("out", help="output directory (created if missing)")
     s.add_argument("--rollouts", type=_positive, default=1000, help="rollouts to write")
-    s.add_argument("--seed", type=int, default=0, help="the same seed writes the same bytes")
+    s.add_argument("--seed", type=_seed, default=0, help="the same seed writes the same bytes")
     s.add_argument("--group-size", type=_at_least_one, default=synth_defaults.group_size,
                    help=f"rollouts per GRPO group (default {synth_defaults.group_size})")
     s.add_argument("--compaction-rate", type=_rate, default=synth_defaults.compaction_rate,

@@ -293,6 +293,7 @@ SUBCOMMAND_ERRORS = [
     ["reassemble", "{data}"],
     ["synth", "{out}", "--corrupt-rate", "2"],
     ["synth", "{out}", "--worker-rate", "0.6", "--fork-rate", "0.6"],
+    ["synth", "{out}", "--seed", "-1"],  # was an internal error from numpy
     ["import-jsonl", "a", "b"],
     ["stats", "{data}", "--threads", "0"],
     ["reassemble", "--bogus", "{data}", "{out}"],  # unknown options: the top parser reports them

@@ -1357,3 +1357,12 @@ def test_api_refuses_number_lists_whose_middle_offsets_are_broken(table, column,
     tables[table] = _replace_column(tables[table], column, pa.chunked_array([broken], a.type))
     assert _err(reassemble, *tables.values()) == \
         f"{table}: column {column!r} has list offsets that fall or point outside its values"
+
+
+def test_api_refuses_tables_beside_a_dataset_directory(tmp_path):
+    """reassemble(DIR) reads the directory; tables passed beside it were silently ignored."""
+    from chainrows import reassemble
+
+    ledger, tokens, rollouts = _tables()
+    with pytest.raises(TypeError, match="a dataset directory comes alone"):
+        reassemble(str(tmp_path), tokens, rollouts)
