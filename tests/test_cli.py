@@ -607,3 +607,23 @@ def test_out_of_memory_while_reading_is_not_blamed_on_the_input(good, tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "out of memory (malloc of size 39925248 failed)" in err, err
     assert "unreadable" not in err and not (tmp_path / "out").exists()
+
+
+def test_no_std_on_rewards_beyond_float32_writes_inf_without_a_numpy_warning(tmp_path):
+    """The open decision of docs/limits.md: --no-std on rewards beyond float32 gives ±inf
+    advantages; numpy's overflow warning from narrowing them reached stderr."""
+    import pyarrow.parquet as pq
+
+    from chainrows.synth import write_synth_dataset
+
+    data = tmp_path / "data"
+    write_synth_dataset(data, 8, seed=2)
+    ro = pq.read_table(data / "rollouts.parquet")
+    reward = pa.array([1e39 if i == 0 else 0.0 for i in range(ro.num_rows)], pa.float64())
+    pq.write_table(ro.set_column(ro.schema.get_field_index("reward"), "reward", reward),
+                           data / "rollouts.parquet")
+    res = subprocess.run([sys.executable, "-m", "chainrows", "reassemble", str(data), str(tmp_path / "out"),
+                          "--no-std"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    adv = pq.read_table(tmp_path / "out" / "report.parquet")["advantage"].to_pylist()
+    assert float("inf") in adv or float("-inf") in adv

@@ -44,8 +44,12 @@ def _token_lists(rows: RowArrays, values: np.ndarray, value_type: pa.DataType) -
 
 
 def _nullable_float(values: np.ndarray, dtype) -> pa.Array:
+    """NaN as null; a value beyond ``dtype``'s range becomes ±inf (as the advantage of
+    ``--no-std`` on rewards beyond float32 does, docs/limits.md), without numpy's warning."""
     mask = np.isnan(values)
-    return pa.array(values.astype(dtype), mask=mask if mask.any() else None)
+    with np.errstate(over="ignore"):
+        narrow = values.astype(dtype)
+    return pa.array(narrow, mask=mask if mask.any() else None)
 
 
 def rows_table(rows: RowArrays, labels: Labels, reward: np.ndarray, reward_null: np.ndarray,
