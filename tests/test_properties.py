@@ -133,3 +133,17 @@ def test_candidate_index_kernel_matches_lexsort(sizes, n_lens, n_hashes, seed):
         candidate_index(np.array(part, dtype=np.int64), readonly(call_off), readonly(key_len), readonly(whole),
                         readonly(cand_off), got)
     assert np.array_equal(got, expected)
+
+
+@settings(max_examples=100, deadline=None)
+@given(slots=st.lists(st.lists(st.integers(-2, 6), max_size=4), max_size=30))
+def test_serving_index_matches_its_plain_definition(slots):
+    """select.serving_index against its definition: per id code k, the calls (ascending, once
+    per slot) whose item slots hold k; -1 (null) and NO_OUTPUT (-2) codes serve nothing."""
+    from chainrows.engine.select import serving_index
+
+    key_off = np.concatenate(([0], np.cumsum([len(s) for s in slots]))).astype(np.int64)
+    item_ids = np.array([k for s in slots for k in s], dtype=np.int64)
+    off, calls = serving_index(key_off, item_ids, 7)
+    want = [[c for c, s in enumerate(slots) for k in s if k == code] for code in range(7)]
+    assert [calls[off[k]:off[k + 1]].tolist() for k in range(7)] == want

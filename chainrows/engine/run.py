@@ -22,7 +22,7 @@ from chainrows.engine.gather import (
     copy_check_logprobs, copy_deltas, copy_hash_deltas, fill_rows, row_sizes,
 )
 from chainrows.engine import select
-from chainrows.engine.select import select_calls
+from chainrows.engine.select import select_calls, serving_index
 from chainrows.engine.threads import run
 from chainrows.engine.verify import data_checks, mark_chain_calls, verify_chains
 from chainrows.options import Options
@@ -155,7 +155,7 @@ def _plan(b: Batch, chunks: np.ndarray, options: Options) -> Decisions:
         run(select_calls, chunks, detail, bad_pos, bad_call, b.out_off, b.out_keys, b.out_ids, b.out_served,
             b.terminal, b.has_acc, b.acc_off, b.acc_call, b.cand_off, b.cand_len, b.cand_hash, b.cand_call,
             b.call_off, b.parent, b.identified, b.key_off, b.item_keys, b.item_ids, sel, sel_len,
-            np.zeros(C, dtype=np.uint8), select.LINEAR_MAX)
+            np.zeros(C, dtype=np.uint8), select.LINEAR_MAX, *serving_index(b.key_off, b.item_ids, len(b.out_keys)))
         num_selected = sel_len.copy()
         if options.plan == "forest":
             sel_off, sel, sel_len, chain_start = _forest(chunks, detail, bad_call, sel_off, sel,

@@ -125,6 +125,33 @@ def build_candidates(call_off: np.ndarray, key_off: np.ndarray, item_keys: np.nd
     return Candidates(off, np.ascontiguousarray(key_len[call]), np.ascontiguousarray(whole[call]), call)
 
 
+@jit
+def fill_serving(key_off, item_ids, pos, serve_call):
+    """serve_call[pos[k]...] = the calls with an item slot whose id code is k, calls ascending
+    (a call with two such slots appears twice, side by side); ``pos`` starts at each code's
+    offset and is advanced."""
+    for c in range(len(key_off) - 1):
+        for s in range(key_off[c], key_off[c + 1]):
+            k = item_ids[s]
+            if k >= 0:
+                serve_call[pos[k]] = c
+                pos[k] += 1
+
+
+def serving_index(key_off: np.ndarray, item_ids: np.ndarray, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """The calls that serve each output id: ``serve_call[serve_off[k]:serve_off[k+1]]`` for id
+    code k (an index into the outputs, as ``item_ids`` and ``out_ids`` hold it). Plain-Python
+    definition: for k, the calls c (ascending, once per slot) with k in item_ids[key_off[c]:key_off[c+1]]."""
+    served = item_ids[item_ids >= 0]
+    if len(served) and int(served.max()) >= n_out:
+        raise AssertionError("serving_index: an item id code outside the outputs")
+    serve_off = np.zeros(n_out + 1, dtype=np.int64)
+    np.cumsum(np.bincount(served, minlength=n_out), out=serve_off[1:])
+    serve_call = np.empty(len(served), dtype=np.int64)
+    fill_serving(readonly(key_off), readonly(item_ids), serve_off[:-1].copy(), serve_call)
+    return readonly(serve_off), readonly(serve_call)
+
+
 @jit(inline="always")
 def _lower_bound(lens, hashes, lo, hi, n, h):
     """First index in [lo, hi) whose (len, hash) >= (n, h)."""
@@ -166,11 +193,14 @@ def _survives(c, p, n_out, ob, k, r, out_keys, out_ids, out_served, key_off, ite
 
 @jit(inline="always")
 def _count(only_anc, anc, p, n_out, ob, k, r, fa, fb, cand_len, cand_hash, cand_call, out_keys,
-           out_ids, out_served, key_off, item_keys, item_ids, has_acc, acc_off, acc_call, linear_max):
+           out_ids, out_served, key_off, item_keys, item_ids, has_acc, acc_off, acc_call, linear_max,
+           serve_off, serve_call):
     """Survivors at output position p (only ancestors-or-self of identified calls if asked):
     their count and the last one. Each item count L in the index costs one window hash; a
-    rollout with few candidates is scanned directly instead (same survivors: both paths end in
-    the exact compare of _survives)."""
+    rollout with few candidates is scanned directly instead; and where the window of L items
+    holds a served id, only the calls serving it can survive (the id filter), so only they are
+    tried, which keeps many calls with the same keys, told apart by their ids, linear. All
+    paths end in the exact compare of _survives, so they find the same survivors."""
     n_surv = 0
     chosen = -1
     if fb - fa <= linear_max:
@@ -187,7 +217,23 @@ def _count(only_anc, anc, p, n_out, ob, k, r, fa, fb, cand_len, cand_hash, cand_
     while g < fb:
         L = cand_len[g]
         g_end = _lower_bound(cand_len, cand_hash, g, fb, L + 1, np.uint64(0))
+        served = -1
         if p + L <= n_out:
+            for i in range(L):
+                if out_served[ob + p + i]:
+                    served = out_ids[ob + p + i]
+                    break
+        if served >= 0:
+            prev = -1
+            for j in range(serve_off[served], serve_off[served + 1]):
+                c = serve_call[j]
+                if c != prev and key_off[c + 1] - key_off[c] == L and (not only_anc or anc[c] != 0) and _survives(
+                        c, p, n_out, ob, k, r, out_keys, out_ids, out_served, key_off, item_keys,
+                        item_ids, has_acc, acc_off, acc_call):
+                    n_surv += 1
+                    chosen = c
+                prev = c
+        elif p + L <= n_out:
             h = window_hash(out_keys, ob + p, L)
             j = _lower_bound(cand_len, cand_hash, g, g_end, L, h)
             while j < g_end and cand_hash[j] == h:
@@ -217,11 +263,12 @@ def _mark_ancestors(r, call_off, parent, identified, terminal, anc):
 def select_calls(chunks, detail, bad_pos, bad_call, out_off, out_keys, out_ids, out_served,
                  terminal, has_acc, acc_off, acc_call, cand_off, cand_len, cand_hash, cand_call,
                  call_off, parent, identified, key_off, item_keys, item_ids,
-                 sel, sel_len, anc, linear_max):
+                 sel, sel_len, anc, linear_max, serve_off, serve_call):
     """Steps 5–9 for every rollout still ok; selection goes to sel[out_off[r]:], its length to sel_len[r].
 
     ``anc`` is uint8[C] scratch, zero on entry (each rollout only touches its own calls).
     ``linear_max``: rollouts with at most this many candidates skip the index (see LINEAR_MAX).
+    ``serve_off`` / ``serve_call``: :func:`serving_index` of the batch.
     """
     for kk in range(len(chunks) - 1):
         for r in range(chunks[kk], chunks[kk + 1]):
@@ -251,7 +298,7 @@ def select_calls(chunks, detail, bad_pos, bad_call, out_off, out_keys, out_ids, 
                             anc_ready = True
                     n, c = _count(only_anc, anc, p, n_out, ob, k, r, fa, fb, cand_len, cand_hash,
                                   cand_call, out_keys, out_ids, out_served, key_off, item_keys,
-                                  item_ids, has_acc, acc_off, acc_call, linear_max)
+                                  item_ids, has_acc, acc_off, acc_call, linear_max, serve_off, serve_call)
                     if not only_anc or n == 1:
                         n_surv, chosen = n, c
                 if n_surv == 0:
