@@ -326,7 +326,8 @@ ID_POOL = ("", " ", "\x00", "a\x00b", "é", "\U0001F642", "\u202eevil", "x" * 30
            "None", "null", "c1", "resp-c1", "ghost", "\n", "\ud7ff")
 # Rewards up to the float64 limit: the group statistics must not overflow. With --no-std the
 # advantage is r - baseline, which float32 cannot hold beyond 3.4e38 (an open SPEC question,
-# docs/limits.md), so runs with such rewards use the std path (see _std_if_huge).
+# docs/limits.md); so can a rollout outside --baseline-population ok (a masked one) be, scaled by
+# the std of the others. Runs with such rewards use the std path over all rollouts (_std_if_huge).
 FLOAT_POOL = (math.nan, math.inf, -math.inf, None, 1e30, -1e30, 1e308, -1e308, 1e200, -0.0, 5e-324)
 KEY_POOL = (0, 1, 2**63, 2**64 - 1)
 
@@ -840,10 +841,11 @@ def draw_options(draw) -> dict:
 
 
 def _std_if_huge(d: Data, opts: dict) -> dict:
-    """--no-std with |reward| beyond float32 has no finite advantage (docs/limits.md)."""
+    """--no-std, or a masked rollout outside --baseline-population ok, with |reward| beyond
+    float32 has no finite advantage (docs/limits.md)."""
     huge = any(r.get("reward") is not None and math.isfinite(r["reward"]) and abs(r["reward"]) > 1e38
                for r in d.rollouts)
-    return dict(opts, no_std=False) if huge else opts
+    return dict(opts, no_std=False, baseline_population="all") if huge else opts
 
 
 def oracle(dataset, opts: dict):
@@ -1007,9 +1009,9 @@ def test_cli_corrupted_parquet_bytes(cli, small_synth, tmp_path_factory, data):
         pos = n - 8 - draw(st.integers(1, min(400, n - 9)), label="from end")
         raw[pos] = draw(st.integers(0, 255), label="byte")
     path.write_bytes(bytes(raw))
-    # damaged bytes can decode to any reward; --no-std beyond float32 is an open question
-    # (docs/limits.md), so these runs keep the std path
-    opts = dict(draw_options(draw), no_std=False)
+    # damaged bytes can decode to any reward; an advantage beyond float32 is an open question
+    # (docs/limits.md), so these runs keep the std path over all rollouts (_std_if_huge)
+    opts = dict(draw_options(draw), no_std=False, baseline_population="all")
     buckets = _pick(draw, (None, 3), "buckets")
     out = root.parent / "out"
     res = cli.run("reassemble", root, out, *option_args(opts), *(["--buckets", buckets] if buckets else []))
