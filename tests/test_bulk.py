@@ -167,7 +167,18 @@ def _truncate(path):
     path.write_bytes(data[:len(data) // 2])
 
 
-@pytest.mark.parametrize("damage", ["rows run cut short", "report run missing", "marker garbled"])
+def _zero_middle(path, n=4096):
+    """Zero ``n`` bytes from the middle of ``path`` on, starting at a byte that was not zero,
+    its size and footer kept (what a page lost from the cache of an unsynced file reads back as)."""
+    data = bytearray(path.read_bytes())
+    mid = next(i for i in range(len(data) // 2, len(data)) if data[i])
+    assert mid + n < len(data) * 3 // 4
+    data[mid:mid + n] = bytes(n)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["rows run cut short", "report run missing", "marker garbled",
+                                    "rows run with a zeroed page"])
 @pytest.mark.parametrize("route,done_glob,redone", [(spill(4), "spill/*/done.json", 4),
                                                     (stream(4), "windows/step-*.json", 3)],
                          ids=["spill", "stream"])
@@ -184,6 +195,8 @@ def test_resume_redoes_a_finished_batch_whose_run_is_damaged(dataset, tmp_path, 
     stem = Path(json.loads(marker.read_text())["stem"])
     if damage == "rows run cut short":
         _truncate(stem.with_name(stem.name + ".rows.arrow"))
+    elif damage == "rows run with a zeroed page":
+        _zero_middle(stem.with_name(stem.name + ".rows.arrow"), 64)
     elif damage == "report run missing":
         stem.with_name(stem.name + ".report.arrow").unlink()
     else:
@@ -192,6 +205,64 @@ def test_resume_redoes_a_finished_batch_whose_run_is_damaged(dataset, tmp_path, 
     summary = bulk.run(dataset, out, route=route, resume=True, reassemble=again)
     assert again.calls == redone
     assert summary.rollouts == 240
+    assert _bytes(out) == _bytes(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 10_000])
+def test_file_digest_is_the_xxh3_of_the_whole_file_read_in_pieces(tmp_path, monkeypatch, size):
+    import xxhash
+
+    from chainrows.io import digest
+
+    monkeypatch.setattr(digest, "PIECE_BYTES", 4096)
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    (tmp_path / "f").write_bytes(data)
+    assert digest.file_digest(tmp_path / "f") == xxhash.xxh3_64(data).hexdigest()
+
+
+@pytest.mark.parametrize("damage", ["a zeroed page", "a part missing", "no manifest"])
+def test_resume_partitions_again_when_a_spilled_part_is_damaged(dataset, tmp_path, monkeypatch, damage):
+    """A bucket not finished yet is read from its spilled parts: a part that is not the one
+    written (uncompressed, a zeroed page would be read as tokens) sends the job back to
+    partitioning, like a damaged run."""
+    from chainrows.io.partition import PARTS_MANIFEST, PLAIN_IPC
+
+    monkeypatch.setattr(planner, "spill_format", lambda *a: PLAIN_IPC)
+    bulk.run(dataset, tmp_path / "ref", route=MEMORY)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        bulk.run(dataset, out, route=spill(4), reassemble=Counted(crash_at=3))
+    spill_dir = out / bulk.WORK_DIR / "spill"
+    left = [d for d in sorted(spill_dir.glob("bucket-*")) if not (d / "done.json").exists()]
+    part = max((left[0] / "tokens").glob("part-*.arrow"), key=lambda p: p.stat().st_size)
+    if damage == "a zeroed page":
+        _zero_middle(part)
+    elif damage == "a part missing":
+        part.unlink()
+    else:
+        (spill_dir / PARTS_MANIFEST).unlink()
+    again = Counted()
+    summary = bulk.run(dataset, out, route=spill(4), resume=True, reassemble=again)
+    assert again.calls == 4  # partitioned again: every bucket reassembled
+    assert summary.rollouts == 240
+    assert _bytes(out) == _bytes(tmp_path / "ref")
+
+
+def test_resume_reads_intact_spilled_parts_without_partitioning_again(dataset, tmp_path, monkeypatch):
+    from chainrows.bulk import spill as spill_module
+
+    bulk.run(dataset, tmp_path / "ref", route=MEMORY)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        bulk.run(dataset, out, route=spill(4), reassemble=Counted(crash_at=3))
+
+    def no_partition(*args, **kwargs):
+        raise AssertionError("partitioned again")
+
+    monkeypatch.setattr(spill_module, "partition", no_partition)
+    again = Counted()
+    bulk.run(dataset, out, route=spill(4), resume=True, reassemble=again)
+    assert again.calls == 2
     assert _bytes(out) == _bytes(tmp_path / "ref")
 
 

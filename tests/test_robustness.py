@@ -512,10 +512,10 @@ def test_resume_after_sigkill_is_identical(crash_data, uninterrupted, tmp_path):
 
 def _plant(report_run: Path) -> None:
     """Mark a finished bucket's report run (Arrow IPC) so a run that reuses it shows it; its
-    record gets the new size (--resume reuses only runs of the size recorded)."""
+    record gets the new size and digest (--resume reuses only runs as recorded)."""
     import json
 
-    from chainrows.bulk.runs import write_run
+    from chainrows.bulk.runs import runs_record, write_run
 
     with pa.OSFile(str(report_run)) as src:
         t = pa.ipc.open_file(src).read_all()
@@ -524,7 +524,7 @@ def _plant(report_run: Path) -> None:
     write_run(t, report_run, 65536)
     marker = report_run.parent / "done.json"
     record = json.loads(marker.read_text())
-    record["sizes"]["report"] = report_run.stat().st_size
+    record.update(runs_record(Path(record["stem"])))
     marker.write_text(json.dumps(record))
 
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from chainrows.api import Result, run_tables
 from chainrows.bulk import plan as planner
-from chainrows.bulk.runs import kept_record, merge_tree, run_path, write_run
+from chainrows.bulk.runs import kept_record, merge_tree, run_path, runs_record, write_run
 from chainrows.bulk.spill import partition_once, reassemble_buckets, summary_of
 from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
@@ -253,7 +253,7 @@ def _keep(result: Result, where: Path, stem: str, schemas: dict, batch_bytes: in
     part.add(result)
     return {"summary": part.counts_json(), "stem": str(where / stem), "batch_bytes": batch_rows * per_row,
             "batch_rows": batch_rows, "report_rows": report_rows,
-            "sizes": {t: run_path(where / stem, t).stat().st_size for t in ("rows", "report")}}
+            **runs_record(where / stem)}
 
 
 def _run_batch_bytes(room: int, runs: int) -> int:

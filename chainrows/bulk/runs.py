@@ -16,12 +16,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from chainrows.io.digest import file_digest
 from chainrows.io.memory import release_memory
 from chainrows.io.partition import SPILL_IPC as IPC_OPTIONS
 from chainrows.io.partition import open_mapped
 from chainrows.io.take import take_rows
 
 RUN_SUFFIX = ".arrow"
+RUN_TABLES = ("rows", "report")
 
 
 class RunWriter:
@@ -96,29 +98,33 @@ def run_path(stem: Path, table: str) -> Path:
 
 def kept_record(marker: Path) -> dict | None:
     """The record a finished window or bucket left at ``marker``, or None when the marker or
-    either of its runs is missing, unreadable or not the size it recorded. Runs are not
-    fsynced (a finished run is rarely worth a forced disk write): a resumed job redoes what a
-    crash of the machine cut short instead of trusting it."""
+    either of its runs is missing, unreadable, or not the size and digest it recorded. Runs
+    are not fsynced (a finished run is rarely worth a forced disk write): a resumed job redoes
+    what a crash of the machine cut short or damaged instead of trusting it."""
     try:
         record = json.loads(marker.read_text())
-        sizes = record["sizes"]
-        if all(run_intact(run_path(Path(record["stem"]), t), int(sizes[t])) for t in ("rows", "report")):
+        stem = Path(record["stem"])
+        if all(run_intact(run_path(stem, t), int(record["sizes"][t]), record["digests"][t]) for t in RUN_TABLES):
             return record
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return None
 
 
-def run_intact(path: Path, size: int) -> bool:
-    """The run at ``path`` is whole: ``size`` bytes, as recorded, ending in a readable IPC
-    footer (a run cut short by a crash or emptied by a lost page cache fails both)."""
+def runs_record(stem: Path) -> dict:
+    """What :func:`kept_record` checks the runs kept under ``stem`` against: each run's size and
+    content digest."""
+    paths = {t: run_path(stem, t) for t in RUN_TABLES}
+    return {"sizes": {t: p.stat().st_size for t, p in paths.items()},
+            "digests": {t: file_digest(p) for t, p in paths.items()}}
+
+
+def run_intact(path: Path, size: int, digest: str) -> bool:
+    """The run at ``path`` is the one written: ``size`` bytes and the recorded digest (a run cut
+    short, emptied or with a page zeroed by a crash fails one or the other)."""
     try:
-        if path.stat().st_size != size:
-            return False
-        with pa.OSFile(str(path)) as src:
-            pa.ipc.open_file(src)
-        return True
-    except (OSError, pa.ArrowException):
+        return path.stat().st_size == size and file_digest(path) == digest
+    except OSError:
         return False
 
 

@@ -14,7 +14,7 @@ from chainrows.bulk.runs import kept_record
 from chainrows.bulk.summary import Summary
 from chainrows.io.dataset import TABLES
 from chainrows.io.memory import release_memory
-from chainrows.io.partition import SPILL_IPC, bucket_dir, partition, read_bucket
+from chainrows.io.partition import SPILL_IPC, bucket_dir, partition, parts_intact, read_bucket
 from chainrows.io.write import write_json_atomic
 from chainrows.progress import Progress
 
@@ -23,13 +23,18 @@ FINISHED = "partitioned"
 
 def partition_once(dataset_dir, work: Path, buckets: int, batch_rows: int, buffer_bytes: int,
                    total: int, progress, ipc=SPILL_IPC) -> Path:
-    """The spill buckets under ``work/spill``, partitioned unless a resumed job already did and
-    every bucket it finished kept whole runs (a finished bucket's inputs are deleted, so a
-    damaged run means partitioning again)."""
+    """The spill buckets under ``work/spill``, partitioned unless a resumed job already did, every
+    bucket it finished kept whole runs (a finished bucket's inputs are deleted, so a damaged run
+    means partitioning again), and every bucket left has the parts it was given."""
     spill = work / "spill"
-    if (work / FINISHED).exists() and any(kept_record(m) is None for m in spill.glob("bucket-*/done.json")):
-        Progress.say("resume: a finished bucket's run is damaged; partitioning again", enabled=progress)
-        (work / FINISHED).unlink()
+    if (work / FINISHED).exists():
+        dirs = [bucket_dir(spill, b) for b in range(buckets)]
+        if any(kept_record(d / "done.json") is None for d in dirs if (d / "done.json").exists()):
+            Progress.say("resume: a finished bucket's run is damaged; partitioning again", enabled=progress)
+            (work / FINISHED).unlink()
+        elif not all(parts_intact(spill, d) for d in dirs if not (d / "done.json").exists()):
+            Progress.say("resume: a spilled part is damaged; partitioning again", enabled=progress)
+            (work / FINISHED).unlink()
     if not (work / FINISHED).exists():
         shutil.rmtree(spill, ignore_errors=True)
         bar = Progress("partition", total, enabled=progress)

@@ -12,6 +12,7 @@ allocator holding far more (docs/decisions-io.md "Spill files").
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +24,16 @@ from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, hash_strings
 from chainrows.engine.dense import dense_codes
 from chainrows.io.arrays import FirstValue, one_chunk, string_parts
+from chainrows.io.digest import file_digest
 from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_schema
 from chainrows.io.errors import InputError
 from chainrows.io.memory import release_memory
 from chainrows.io.take import take_rows
+from chainrows.io.write import write_json_atomic
 
 SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)  # when disk is short
 PLAIN_IPC = pa.ipc.IpcWriteOptions(compression=None, use_threads=False)
+PARTS_MANIFEST = "parts.json"  # every part file partition wrote, by path under the spill: its digest
 
 
 def string_hashes(col, second: bool = False) -> np.ndarray:
@@ -89,10 +93,26 @@ def _part_name(i: int) -> str:
     return f"part-{i:06d}.arrow"
 
 
-def _write_part(path: Path, schema: pa.Schema, tables: list[pa.Table], ipc: pa.ipc.IpcWriteOptions) -> None:
+def _write_part(path: Path, schema: pa.Schema, tables: list[pa.Table], ipc: pa.ipc.IpcWriteOptions) -> str:
+    """Write one part file; returns its content digest."""
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema, options=ipc) as w:
         for table in tables:
             w.write_table(table)
+    return file_digest(path)
+
+
+def parts_intact(spill: Path, bucket: Path) -> bool:
+    """The part files under ``bucket`` are the ones :func:`partition` wrote into ``spill``: the
+    same names, each with the digest recorded in ``spill/PARTS_MANIFEST`` (parts are not
+    fsynced; after a machine crash one may be missing, cut short or hold a zeroed page)."""
+    try:
+        manifest = json.loads((spill / PARTS_MANIFEST).read_text())
+        prefix = bucket.name + "/"
+        wanted = {k: v for k, v in manifest.items() if k.startswith(prefix)}
+        found = {p.relative_to(spill).as_posix(): p for p in bucket.glob("*/part-*.arrow")}
+        return found.keys() == wanted.keys() and all(file_digest(p) == wanted[k] for k, p in found.items())
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def open_mapped(path: Path) -> pa.NativeFile:
@@ -129,15 +149,23 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
     Rows are buffered per bucket and flushed, all buckets at once, as numbered part files
     (``bucket-00007/tokens/part-000003.arrow``) whenever ``buffer_bytes`` are buffered: no
     writer stays open, so memory does not grow with the number of buckets. ``ipc``: the part
-    files' write options (compression).
+    files' write options (compression). Each part's digest goes to ``spill/PARTS_MANIFEST``,
+    written last (:func:`parts_intact`).
     """
     router = Router(dataset_dir, n_buckets, batch_rows)
     dirs = [bucket_dir(spill, b) for b in range(n_buckets)]
+    digests: dict[str, str] = {}
+
+    def write_part(b: int, name: str, part: int, schema, tables) -> None:
+        path = dirs[b] / name / _part_name(part)
+        digests[path.relative_to(spill).as_posix()] = _write_part(path, schema, tables, ipc)
+
     for name in TABLES:
         schema = table_schema(dataset_dir, name)
         for d in dirs:
             (d / name).mkdir(parents=True, exist_ok=True)
-            _write_part(d / name / _part_name(0), schema, [], ipc)
+        for b in range(n_buckets):
+            write_part(b, name, 0, schema, [])
         buffers: list[list[pa.Table]] = [[] for _ in dirs]
         state = {"bytes": 0, "part": 1}
         # The bar's total is the footers' uncompressed bytes (what the planner sizes a run by),
@@ -151,7 +179,7 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
         def flush():
             for b, tables in enumerate(buffers):
                 if tables:
-                    _write_part(dirs[b] / name / _part_name(state["part"]), schema, tables, ipc)
+                    write_part(b, name, state["part"], schema, tables)
                     tables.clear()
             state["bytes"] = 0
             state["part"] += 1
@@ -174,4 +202,5 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
             if state["bytes"] >= buffer_bytes:
                 flush()
         flush()
+    write_json_atomic(spill / PARTS_MANIFEST, digests)
     return dirs
