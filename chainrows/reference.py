@@ -35,6 +35,7 @@ REPORT_COLUMNS = (
     "num_selected", "num_roots", "loss_tokens", "reward", "advantage",
 )
 EPSILON = 1e-6
+ADVANTAGE_LIMIT = 3.4028234663852886e38  # the largest float32: an advantage beyond it is written as it
 
 
 # --------------------------------------------------------------------------------------------
@@ -525,7 +526,8 @@ def decide(ro: Rollout, mode: str = "cc", plan: str = "linear") -> Decision:
 
 def advantages(rollouts: list, statuses: dict, options: Options) -> dict:
     """rollout_id -> advantage (float64, or None when the reward is not finite), for every
-    rollout that has a rollouts row. ``statuses``: rollout_id -> "ok" | "masked"."""
+    rollout that has a rollouts row. ``statuses``: rollout_id -> "ok" | "masked". An advantage
+    beyond the largest float32 is that value, with its sign (the output column is float32)."""
     groups: dict = {}
     for ro in rollouts:
         if ro.record is None:
@@ -562,7 +564,8 @@ def advantages(rollouts: list, statuses: dict, options: Options) -> dict:
                 base = math.fsum(others) / (n - 1)
             else:
                 base = mean
-            result[ro.rollout_id] = (r - base) * scale if options.no_std else (r - base) / (std + EPSILON / scale)
+            a = (r - base) * scale if options.no_std else (r - base) / (std + EPSILON / scale)
+            result[ro.rollout_id] = max(-ADVANTAGE_LIMIT, min(ADVANTAGE_LIMIT, a))
     return result
 
 

@@ -31,6 +31,7 @@ import xxhash
 
 from chainrows import reassemble, reference
 from chainrows.check import reconcile, reconcile_output
+from chainrows.options import Options
 from chainrows.io.schema import (
     LEDGER_SCHEMA,
     REPORT_SCHEMA,
@@ -801,6 +802,31 @@ def test_extreme_finite_rewards_give_finite_advantages(rewards):
     assert np.allclose(got, want, rtol=1e-5, atol=1e-7), (got, want)
     _, report = reference.reassemble(ledger, tokens, rollouts)
     assert np.allclose([r["advantage"] for r in report], want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("options,rewards", [
+    (Options(no_std=True), (1e308, 0.0, -1e308)),
+    (Options(no_std=True, baseline="loo"), (4e38, 0.0)),
+    (Options(baseline_population="ok"), (1e308, 0.0, 1.0)),  # the 1e308 rollout masked, outside
+])
+def test_advantages_beyond_float32_saturate_alike_in_engine_and_reference(options, rewards):
+    """An advantage float32 cannot hold is written as ±float32 max (docs/limits.md), by the
+    engine and the reference alike, on rows and in the report: never ±inf."""
+    top = float(np.finfo(np.float32).max)
+    parts = [one_call(f"r{i}", "g", r) for i, r in enumerate(rewards)]
+    ledger, tokens, rollouts = [], [], []
+    for b in parts:
+        lg, tk, ro = b.build()
+        ledger, tokens, rollouts = ledger + lg, tokens + tk, rollouts + ro
+    if options.baseline_population == "ok":
+        tokens = [t for t in tokens if t["rollout_id"] != "r0"]  # r0 masked: no tokens
+    res = reassemble(*tables_from_pylists(ledger, tokens, rollouts), options)
+    got = dict(zip(res.report.column("rollout_id").to_pylist(), res.report.column("advantage").to_pylist()))
+    assert got["r0"] == top and all(math.isfinite(a) for a in got.values()), got
+    want_rows, want_report = reference.reassemble(ledger, tokens, rollouts, options=options)
+    assert got == {r["rollout_id"]: r["advantage"] for r in want_report}
+    rows = dict(zip(res.rows.column("rollout_id").to_pylist(), res.rows.column("advantage").to_pylist()))
+    assert rows == {r["rollout_id"]: r["advantage"] for r in want_rows}
 
 
 @pytest.mark.slow

@@ -7,6 +7,9 @@ import numpy as np
 from chainrows.options import Options
 
 EPS = 1e-6
+# The largest float32: advantages are written as float32 and saturate here instead of
+# becoming ±inf (SPEC §5 has no rule for an advantage float32 cannot hold; docs/limits.md).
+ADVANTAGE_LIMIT = float(np.finfo(np.float32).max)
 
 
 def advantages(reward, has_record, group, ok, options: Options):
@@ -14,7 +17,8 @@ def advantages(reward, has_record, group, ok, options: Options):
 
     Population: rollouts of the group with a finite reward (``baseline_population="ok"``: ok
     ones only). Fewer than two members: A = 0. ``baseline="loo"``: members use the mean of the
-    others. ``no_std``: A = r - baseline.
+    others. ``no_std``: A = r - baseline. Clipped to ±``ADVANTAGE_LIMIT``, so that every
+    finite advantage stays finite as float32.
     """
     finite = has_record & np.isfinite(reward)
     member = finite & ok if options.baseline_population == "ok" else finite
@@ -41,7 +45,7 @@ def advantages(reward, has_record, group, ok, options: Options):
             a = a * sg
         else:
             a = a / (np.sqrt(var[group]) + EPS / sg)
-    a = np.where(ng < 2, 0.0, a)
+    a = np.clip(np.where(ng < 2, 0.0, a), -ADVANTAGE_LIMIT, ADVANTAGE_LIMIT)
     return np.where(finite, a, np.nan)
 
 
