@@ -18,6 +18,7 @@ Unusable input raises :class:`~chainrows.io.errors.InputError` with a one-line m
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -234,14 +235,23 @@ def plan_table(dataset_dir: str | os.PathLike, name: str,
     return TablePlan(name, files, out, present)
 
 
-def _read_schema(name: str, file: Path) -> pa.Schema:
+@contextmanager
+def _reading(name: str, file: Path):
+    """Errors of the Parquet reader inside the block become one InputError naming the table and
+    the file ("unreadable Parquet file"); running out of memory (pyarrow's ArrowMemoryError is
+    a MemoryError) passes as it is: it is the machine's, not the file's."""
     try:
-        return pq.read_schema(file)
-    except MemoryError:  # pyarrow's ArrowMemoryError: the machine's, not the file's
+        yield
+    except MemoryError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=name,
                          file=file) from exc
+
+
+def _read_schema(name: str, file: Path) -> pa.Schema:
+    with _reading(name, file):
+        return pq.read_schema(file)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -355,6 +365,12 @@ def _first_invalid(arr: pa.Array) -> int:
     return lo
 
 
+def _list_offsets_ok(arr: pa.Array) -> bool:
+    """A non-empty list array's offsets never fall and stay inside its values."""
+    off = offsets_view(arr.buffers()[1], pa.types.is_large_list(arr.type), arr.offset, len(arr))
+    return off is not None and offsets_rise_within(off, len(arr.values))
+
+
 def _offsets_ok(arr: pa.Array) -> bool:
     """A string or list<string> array's offsets are safe to read: what only Arrow's full
     validation checks (its quick one, which ``_normalize_column`` ran, checks buffer sizes and
@@ -364,8 +380,7 @@ def _offsets_ok(arr: pa.Array) -> bool:
     if len(arr) == 0:  # may come without buffers
         return True
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        off = offsets_view(arr.buffers()[1], pa.types.is_large_list(t), arr.offset, len(arr))
-        return off is not None and offsets_rise_within(off, len(arr.values)) and _offsets_ok(arr.values)
+        return _list_offsets_ok(arr) and _offsets_ok(arr.values)
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         data = arr.buffers()[2]
         off = offsets_view(arr.buffers()[1], pa.types.is_large_string(t), arr.offset, len(arr))
@@ -395,13 +410,9 @@ def check_list_offsets(name, file, table: pa.Table) -> None:
         t = table.column(col_name).type
         if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or _has_strings(t):
             continue
-        for chunk in table.column(col_name).chunks:
-            if len(chunk) == 0:
-                continue
-            off = offsets_view(chunk.buffers()[1], pa.types.is_large_list(t), chunk.offset, len(chunk))
-            if off is None or not offsets_rise_within(off, len(chunk.values)):
-                raise InputError(f"column {col_name!r} has list offsets that fall or point outside its values",
-                                 table=name, file=file, column=col_name)
+        if not all(len(chunk) == 0 or _list_offsets_ok(chunk) for chunk in table.column(col_name).chunks):
+            raise InputError(f"column {col_name!r} has list offsets that fall or point outside its values",
+                             table=name, file=file, column=col_name)
 
 
 def check_utf8(name, file, table: pa.Table, row0: int = 0) -> None:
@@ -520,8 +531,8 @@ def _read_file(plan: TablePlan, i: int) -> pa.Table:
     would leave small chunks to be copied into larger buffers later."""
     file, present = plan.files[i], plan.present[i]
     columns = [c for c in present if c in plan.columns]
-    try:
-        pf = pq.ParquetFile(file, pre_buffer=False, buffer_size=STREAM_BUFFER)
+    with _reading(plan.name, file):
+        pf = _stream_reader(file)
         pieces, pending, pending_bytes = [], [], 0
         for batch in pf.iter_batches(batch_size=_read_batch_rows(pf.metadata), columns=columns):
             pending.append(batch)
@@ -532,11 +543,6 @@ def _read_file(plan: TablePlan, i: int) -> pa.Table:
         if pending:
             pieces.append(pa.Table.from_batches(pending).combine_chunks())
         raw = pa.concat_tables(pieces) if pieces else pf.read(columns=columns)  # no rows: the schema
-    except MemoryError:  # pyarrow's ArrowMemoryError: the machine's, not the file's
-        raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=plan.name,
-                         file=file) from exc
     _check_row_count(plan.name, file, raw.num_rows, pf.metadata.num_rows)
     return normalize(plan.name, raw, plan.columns, file)
 
@@ -582,18 +588,18 @@ def iter_table_batches(dataset_dir: str | os.PathLike, name: str,
 STREAM_BUFFER = 1 << 20
 
 
+def _stream_reader(file: Path) -> pq.ParquetFile:
+    """The reader of every path: pre_buffer=True (pyarrow's default) reads ahead the whole file
+    into pool memory, which streaming batches must not (docs/decisions-io.md "Streaming
+    reads"); and all paths must decode damaged pages alike."""
+    return pq.ParquetFile(file, pre_buffer=False, buffer_size=STREAM_BUFFER)
+
+
 def _iter_file(plan, file, read_cols, batch_rows) -> Iterator[pa.RecordBatch]:
-    try:
-        # pre_buffer=True (pyarrow's default) reads ahead the whole file into pool memory;
-        # streaming batches must not (docs/decisions-io.md "Streaming reads").
-        pf = pq.ParquetFile(file, pre_buffer=False, buffer_size=STREAM_BUFFER)
+    with _reading(plan.name, file):
+        pf = _stream_reader(file)
         footer_rows = pf.metadata.num_rows
         batches = pf.iter_batches(batch_size=batch_rows, columns=read_cols)
-    except MemoryError:  # pyarrow's ArrowMemoryError: the machine's, not the file's
-        raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=plan.name,
-                         file=file) from exc
     row0 = 0
     for batch in _guard(batches, plan.name, file):
         if row0 + batch.num_rows > footer_rows:
@@ -608,15 +614,10 @@ def _guard(batches: Iterable, name: str, file: Path):
     """Re-raise reader errors (not errors of our own code) as InputError."""
     it = iter(batches)
     while True:
-        try:
-            batch = next(it)
-        except StopIteration:
+        with _reading(name, file):
+            batch = next(it, None)
+        if batch is None:
             return
-        except MemoryError:  # pyarrow's ArrowMemoryError: the machine's, not the file's
-            raise
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=name,
-                             file=file) from exc
         yield batch
 
 
