@@ -565,7 +565,7 @@ def advantages(rollouts: list, statuses: dict, options: Options) -> dict:
             else:
                 base = mean
             a = (r - base) * scale if options.no_std else (r - base) / (std + EPSILON / scale)
-            result[ro.rollout_id] = max(-ADVANTAGE_LIMIT, min(ADVANTAGE_LIMIT, a))
+            result[ro.rollout_id] = a if math.isnan(a) else max(-ADVANTAGE_LIMIT, min(ADVANTAGE_LIMIT, a))
     return result
 
 

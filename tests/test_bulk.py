@@ -208,7 +208,7 @@ def test_resume_redoes_a_finished_batch_whose_run_is_damaged(dataset, tmp_path, 
     assert _bytes(out) == _bytes(tmp_path / "ref")
 
 
-@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 10_000])
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 10_000, 12_288])
 def test_file_digest_is_the_xxh3_of_the_whole_file_read_in_pieces(tmp_path, monkeypatch, size):
     import xxhash
 
@@ -220,7 +220,7 @@ def test_file_digest_is_the_xxh3_of_the_whole_file_read_in_pieces(tmp_path, monk
     assert digest.file_digest(tmp_path / "f") == xxhash.xxh3_64(data).hexdigest()
 
 
-@pytest.mark.parametrize("damage", ["a zeroed page", "a part missing", "no manifest"])
+@pytest.mark.parametrize("damage", ["a zeroed page", "a part missing", "no manifest", "a manifest line lost"])
 def test_resume_partitions_again_when_a_spilled_part_is_damaged(dataset, tmp_path, monkeypatch, damage):
     """A bucket not finished yet is read from its spilled parts: a part that is not the one
     written (uncompressed, a zeroed page would be read as tokens) sends the job back to
@@ -239,8 +239,11 @@ def test_resume_partitions_again_when_a_spilled_part_is_damaged(dataset, tmp_pat
         _zero_middle(part)
     elif damage == "a part missing":
         part.unlink()
+    elif damage == "no manifest":
+        (left[0] / PARTS_MANIFEST).unlink()
     else:
-        (spill_dir / PARTS_MANIFEST).unlink()
+        lines = (left[0] / PARTS_MANIFEST).read_text().splitlines()
+        (left[0] / PARTS_MANIFEST).write_text("\n".join(lines[:-1]) + "\n")
     again = Counted()
     summary = bulk.run(dataset, out, route=spill(4), resume=True, reassemble=again)
     assert again.calls == 4  # partitioned again: every bucket reassembled

@@ -43,7 +43,7 @@ from chainrows.options import Options
 from chainrows.progress import Progress
 
 WORK_DIR = ".chainrows-work"
-MANIFEST_VERSION = 7
+MANIFEST_VERSION = 8
 MERGE_SHARE = 16  # of the room, what the merge's buffered run batches may take
 ENCODE_SHARE = 16  # of the room, what cut row groups waiting for an encoder may take
 ENCODERS = 2

@@ -32,7 +32,7 @@ def partition_once(dataset_dir, work: Path, buckets: int, batch_rows: int, buffe
         if any(kept_record(d / "done.json") is None for d in dirs if (d / "done.json").exists()):
             Progress.say("resume: a finished bucket's run is damaged; partitioning again", enabled=progress)
             (work / FINISHED).unlink()
-        elif not all(parts_intact(spill, d) for d in dirs if not (d / "done.json").exists()):
+        elif not all(parts_intact(d) for d in dirs if not (d / "done.json").exists()):
             Progress.say("resume: a spilled part is damaged; partitioning again", enabled=progress)
             (work / FINISHED).unlink()
     if not (work / FINISHED).exists():

@@ -18,8 +18,11 @@ def file_digest(path: str | os.PathLike) -> str:
     """XXH3-64 of the file's bytes as 16 hex digits, read ``PIECE_BYTES`` at a time (a file
     just written is read back from the page cache, never held whole in memory)."""
     h = xxhash.xxh3_64()
-    piece = memoryview(bytearray(PIECE_BYTES))
     with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(piece):
-            h.update(piece[:n])
+        if os.fstat(f.fileno()).st_size < PIECE_BYTES:  # most spilled parts: one read, no buffer
+            h.update(f.read())
+        else:
+            piece = memoryview(bytearray(PIECE_BYTES))
+            while n := f.readinto(piece):
+                h.update(piece[:n])
     return h.hexdigest()

@@ -44,8 +44,8 @@ def _token_lists(rows: RowArrays, values: np.ndarray, value_type: pa.DataType) -
 
 
 def _nullable_float(values: np.ndarray, dtype) -> pa.Array:
-    """NaN as null; a value beyond ``dtype``'s range becomes ±inf (as the advantage of
-    ``--no-std`` on rewards beyond float32 does, docs/limits.md), without numpy's warning."""
+    """NaN as null; a value beyond ``dtype``'s range becomes ±inf, without numpy's warning
+    (advantages arrive clipped to float32's range: ``engine.advantage.ADVANTAGE_LIMIT``)."""
     mask = np.isnan(values)
     with np.errstate(over="ignore"):
         narrow = values.astype(dtype)

@@ -12,7 +12,6 @@ allocator holding far more (docs/decisions-io.md "Spill files").
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +28,10 @@ from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_
 from chainrows.io.errors import InputError
 from chainrows.io.memory import release_memory
 from chainrows.io.take import take_rows
-from chainrows.io.write import write_json_atomic
 
 SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)  # when disk is short
 PLAIN_IPC = pa.ipc.IpcWriteOptions(compression=None, use_threads=False)
-PARTS_MANIFEST = "parts.json"  # every part file partition wrote, by path under the spill: its digest
+PARTS_MANIFEST = "parts.txt"  # per bucket, a line per part file written: "<table>/<name> <digest>"
 
 
 def string_hashes(col, second: bool = False) -> np.ndarray:
@@ -101,17 +99,15 @@ def _write_part(path: Path, schema: pa.Schema, tables: list[pa.Table], ipc: pa.i
     return file_digest(path)
 
 
-def parts_intact(spill: Path, bucket: Path) -> bool:
-    """The part files under ``bucket`` are the ones :func:`partition` wrote into ``spill``: the
-    same names, each with the digest recorded in ``spill/PARTS_MANIFEST`` (parts are not
-    fsynced; after a machine crash one may be missing, cut short or hold a zeroed page)."""
+def parts_intact(bucket: Path) -> bool:
+    """The part files under ``bucket`` are the ones :func:`partition` wrote: the same names, each
+    with the digest it recorded in ``bucket/PARTS_MANIFEST`` (parts are not fsynced; after a
+    machine crash one may be missing, cut short or hold a zeroed page)."""
     try:
-        manifest = json.loads((spill / PARTS_MANIFEST).read_text())
-        prefix = bucket.name + "/"
-        wanted = {k: v for k, v in manifest.items() if k.startswith(prefix)}
-        found = {p.relative_to(spill).as_posix(): p for p in bucket.glob("*/part-*.arrow")}
+        wanted = dict(line.split(" ") for line in (bucket / PARTS_MANIFEST).read_text().splitlines())
+        found = {p.relative_to(bucket).as_posix(): p for p in bucket.glob("*/part-*.arrow")}
         return found.keys() == wanted.keys() and all(file_digest(p) == wanted[k] for k, p in found.items())
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
         return False
 
 
@@ -149,16 +145,17 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
     Rows are buffered per bucket and flushed, all buckets at once, as numbered part files
     (``bucket-00007/tokens/part-000003.arrow``) whenever ``buffer_bytes`` are buffered: no
     writer stays open, so memory does not grow with the number of buckets. ``ipc``: the part
-    files' write options (compression). Each part's digest goes to ``spill/PARTS_MANIFEST``,
-    written last (:func:`parts_intact`).
+    files' write options (compression). Each part's digest is appended to its bucket's
+    ``PARTS_MANIFEST`` as the part is written (:func:`parts_intact`), so nothing grows in memory
+    with the number of parts.
     """
     router = Router(dataset_dir, n_buckets, batch_rows)
     dirs = [bucket_dir(spill, b) for b in range(n_buckets)]
-    digests: dict[str, str] = {}
 
     def write_part(b: int, name: str, part: int, schema, tables) -> None:
-        path = dirs[b] / name / _part_name(part)
-        digests[path.relative_to(spill).as_posix()] = _write_part(path, schema, tables, ipc)
+        digest = _write_part(dirs[b] / name / _part_name(part), schema, tables, ipc)
+        with open(dirs[b] / PARTS_MANIFEST, "a", encoding="ascii") as manifest:
+            manifest.write(f"{name}/{_part_name(part)} {digest}\n")
 
     for name in TABLES:
         schema = table_schema(dataset_dir, name)
@@ -202,5 +199,4 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
             if state["bytes"] >= buffer_bytes:
                 flush()
         flush()
-    write_json_atomic(spill / PARTS_MANIFEST, digests)
     return dirs
