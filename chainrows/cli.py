@@ -1,7 +1,8 @@
 """The ``chainrows`` command line: reassemble, synth, import-jsonl, import-gym, export-gym, stats.
 
 Exit codes: 0 ran (masked rollouts included), 2 unusable input or bad arguments, 1 an internal
-error (one line; set CHAINROWS_DEBUG=1 for the traceback), 130 interrupted, 143 terminated
+error or the machine out of memory or disk (one line; set CHAINROWS_DEBUG=1 for the traceback;
+a failed write names the file), 130 interrupted, 143 terminated
 (SIGTERM, handled as an interrupt), 141 stdout closed by its reader (``| head``), as a tool killed
 by SIGPIPE. Every command that
 writes follows one overwrite policy (chainrows.io.write.check_destination): an OUT holding a
@@ -12,6 +13,7 @@ replaced; OUT and the input never nest.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import signal
@@ -23,7 +25,7 @@ from chainrows import options
 
 DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
 EPILOG = ("exit codes: 0 ran (masked rollouts included), 2 unusable input or arguments (one line), "
-          "1 internal error (CHAINROWS_DEBUG=1 shows the traceback), 130 interrupted, 143 terminated, "
+          "1 internal error or out of memory or disk (CHAINROWS_DEBUG=1 shows the traceback), 130 interrupted, 143 terminated, "
           "141 stdout closed by its reader (e.g. | head). "
           "The input format is docs/format.md, the reason codes docs/reasons.md.")
 COMPILING = "compiling kernels (first run; later runs load them from the cache)..."
@@ -479,7 +481,7 @@ def _main(argv) -> int:
         print(f"chainrows: error: a command is required: {', '.join(COMMANDS)} (see chainrows --help)",
               file=sys.stderr)
         return 2
-    from chainrows.io.errors import InputError
+    from chainrows.io.errors import InputError, WriteError
     from chainrows.io.write import OutputExistsError
 
     out = getattr(args, "out", None)
@@ -501,13 +503,18 @@ def _main(argv) -> int:
         except OSError:
             pass
         rc = 128 + 13
+    except WriteError as exc:  # an output or work file of this run could not be written
+        if exc.errno in _OUT_OF_ROOM and os.environ.get("CHAINROWS_DEBUG"):
+            raise
+        print(f"chainrows: error: {exc}{_no_output(args)}", file=sys.stderr)
+        rc = 1 if exc.errno in _OUT_OF_ROOM else 2  # out of disk is the machine's limit, as out of memory
     except OSError as exc:  # a path we cannot read or write: unusable input/output location
         where = f": {exc.filename}" if exc.filename else ""
         print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}", file=sys.stderr)
         rc = 2
     except KeyboardInterrupt as exc:
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-        print(f"chainrows: {what}; no output written{_left_behind(args)}", file=sys.stderr)
+        print(f"chainrows: {what}{_no_output(args)}", file=sys.stderr)
         rc = 143 if isinstance(exc, Terminated) else 130
     except MemoryError as exc:  # the machine's limit, not the input's fault (pyarrow's ArrowMemoryError too)
         if os.environ.get("CHAINROWS_DEBUG"):
@@ -528,6 +535,17 @@ def _main(argv) -> int:
     return rc
 
 
+# errnos of a write that failed for want of room (disk or quota full, file-size limit) or of
+# the device (an I/O error), not because of the input or the place asked for: exit 1, not 2
+_OUT_OF_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def _no_output(a) -> str:
+    """For a run that failed writing or was interrupted: nothing was committed, and the work
+    kept for --resume."""
+    return f"; no output written{_left_behind(a)}"
+
+
 def _work_dir(a) -> str | None:
     """OUT/.chainrows-work of a single-process reassemble (where --resume finds its work)."""
     if a.command != "reassemble" or getattr(a, "ray", None) is not None:
@@ -538,7 +556,7 @@ def _work_dir(a) -> str | None:
 
 
 def _left_behind(a) -> str:
-    """For the interrupted message: the finished work a rerun with --resume reuses."""
+    """For the interrupted or failed-write message: the finished work a rerun with --resume reuses."""
     from chainrows.progress import human_bytes
 
     work = _work_dir(a)

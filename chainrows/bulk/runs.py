@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.io.digest import file_digest
+from chainrows.io.errors import writing
 from chainrows.io.memory import release_memory
 from chainrows.io.partition import SPILL_IPC as IPC_OPTIONS
 from chainrows.io.partition import open_mapped
@@ -29,14 +30,16 @@ RUN_TABLES = ("rows", "report")
 class RunWriter:
     """Writes a sorted run (Arrow IPC file) in batches of ``batch_rows`` rows, whatever the
     sizes of the tables appended. A context manager; ``close`` is idempotent. ``commit=True``
-    writes to ``<path>.tmp`` and renames it to ``path`` on a clean close only."""
+    writes to ``<path>.tmp`` and renames it to ``path`` on a clean close only. A failed write
+    is a WriteError naming the file."""
 
     def __init__(self, path: Path, schema: pa.Schema, batch_rows: int, *, commit: bool = False,
                  ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS):
         self.path = Path(path)
         self._target = self.path.with_name(self.path.name + ".tmp") if commit else self.path
-        self._sink = pa.OSFile(str(self._target), "wb")
-        self._w = pa.ipc.new_file(self._sink, schema, options=ipc)
+        with writing(self._target):
+            self._sink = pa.OSFile(str(self._target), "wb")
+            self._w = pa.ipc.new_file(self._sink, schema, options=ipc)
         self.batch_rows = batch_rows
         self._pending: list[pa.Table] = []
         self._rows = 0
@@ -47,7 +50,8 @@ class RunWriter:
         self._pending.append(table)
         self._rows += table.num_rows
         if self._rows >= self.batch_rows:
-            self._emit(final=False)
+            with writing(self._target):
+                self._emit(final=False)
 
     def write_taken(self, source: pa.Table, order) -> None:
         """Append ``source``'s rows in the order ``order`` (the Parquet writers' interface)."""
@@ -67,16 +71,27 @@ class RunWriter:
         if self._closed:
             return
         self._closed = True
-        try:
-            if not failed:
-                self._emit(final=True)
+        if not failed:
+            try:
+                with writing(self._target):
+                    try:
+                        self._emit(final=True)
+                        self._w.close()
+                    finally:
+                        self._sink.close()
+            except BaseException:
+                self._target.unlink(missing_ok=True)
+                raise
+            if self._target != self.path:
+                os.replace(self._target, self.path)
+            return
+        try:  # the file is discarded: its footer failing to write too (a full disk) hides nothing
             self._w.close()
+        except OSError:
+            pass
         finally:
             self._sink.close()
-        if failed:
-            self._target.unlink(missing_ok=True)
-        elif self._target != self.path:
-            os.replace(self._target, self.path)
+        self._target.unlink(missing_ok=True)
 
     def __enter__(self) -> "RunWriter":
         return self

@@ -1,7 +1,10 @@
-"""The one exception type for unusable input (SPEC §7: the CLI prints it and exits 2)."""
+"""The exceptions the CLI turns into one line: InputError, unusable input (SPEC §7: exit 2),
+and WriteError, an output file that could not be written (``writing`` names the file)."""
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -38,3 +41,26 @@ class InputError(Exception):
         elif directory is not None:
             text = f"{text} (directory {directory})"
         super().__init__(" ".join(text.split()))  # one line whatever the parts hold
+
+
+class WriteError(OSError):
+    """Writing the output file ``filename`` failed with the OS error ``errno`` (disk full,
+    quota, file-size limit, I/O error, permission). ``str(err)`` is one line naming both:
+    ``cannot write <file>: <strerror>``."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
+@contextmanager
+def writing(path: str | os.PathLike):
+    """Within the block, an OSError becomes a WriteError naming the file it names, else
+    ``path``. pyarrow's write errors name no file (``Error writing bytes to file. Detail:
+    [errno 28] ...``), nor do Python's when a buffered write or close fails."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as exc:
+        strerror = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
+        raise WriteError(exc.errno, strerror, str(exc.filename or path)) from exc

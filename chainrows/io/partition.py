@@ -25,7 +25,7 @@ from chainrows.engine.dense import dense_codes
 from chainrows.io.arrays import FirstValue, one_chunk, string_parts
 from chainrows.io.digest import file_digest
 from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_schema
-from chainrows.io.errors import InputError
+from chainrows.io.errors import InputError, writing
 from chainrows.io.memory import release_memory
 from chainrows.io.take import take_rows
 
@@ -92,8 +92,8 @@ def _part_name(i: int) -> str:
 
 
 def _write_part(path: Path, schema: pa.Schema, tables: list[pa.Table], ipc: pa.ipc.IpcWriteOptions) -> str:
-    """Write one part file; returns its content digest."""
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema, options=ipc) as w:
+    """Write one part file; returns its content digest. A failed write is a WriteError naming it."""
+    with writing(path), pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema, options=ipc) as w:
         for table in tables:
             w.write_table(table)
     return file_digest(path)

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from chainrows.io.errors import writing
 from chainrows.io.take import take_rows
 from chainrows.io.write import WRITE_OPTIONS, fsync_file
 
@@ -124,19 +125,23 @@ class _GroupCutter:
 
 class RowGroupWriter(_GroupCutter):
     """One Parquet file; row groups cut at content-determined rows. A context manager; ``close``
-    is idempotent; leaving the block on an exception releases the file without a footer."""
+    is idempotent; leaving the block on an exception releases the file without a footer. A
+    failed write is a WriteError naming the file."""
 
     def __init__(self, path: str | os.PathLike, schema: pa.Schema, *, unit_column: str | None = None,
                  max_units: int = ROWS_GROUP_TOKENS, max_rows: int = GROUP_ROWS):
         super().__init__(schema, unit_column, max_units, max_rows)
-        self._writer = pq.ParquetWriter(path, schema, **WRITE_OPTIONS)
+        self.path = path
+        with writing(path):
+            self._writer = pq.ParquetWriter(path, schema, **WRITE_OPTIONS)
 
     def _check_open(self) -> None:
         if self._writer is None:
             raise RuntimeError("RowGroupWriter is closed")
 
     def _emit(self, group: pa.Table) -> None:
-        self._writer.write_table(group, row_group_size=max(group.num_rows, 1))
+        with writing(self.path):
+            self._writer.write_table(group, row_group_size=max(group.num_rows, 1))
 
     def close(self) -> None:
         """Write what is pending and the footer (idempotent)."""
@@ -146,14 +151,18 @@ class RowGroupWriter(_GroupCutter):
             self._flush()
         finally:
             writer, self._writer = self._writer, None
-            writer.close()
+            with writing(self.path):
+                writer.close()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.close()
         elif self._writer is not None:  # the staged file is discarded: just release it
             writer, self._writer = self._writer, None
-            writer.close()
+            try:
+                writer.close()
+            except OSError:  # its footer failed to write too (a full disk): the first error stands
+                pass
 
 
 _END = object()
@@ -167,7 +176,8 @@ class PartsWriter(_GroupCutter):
 
     Up to ``encoders`` parts are encoded at once, each on its own thread; ``write`` blocks while
     more than ``max_pending_bytes`` of cut groups wait for an encoder (it always lets one
-    through). An encoder's error is raised by the next ``write`` or ``close``. ``sync_parts``:
+    through). An encoder's error is raised by the next ``write`` or ``close`` (a failed write: a
+    WriteError naming the part). ``sync_parts``:
     each finished part is fsynced on its encoder thread, while later parts are still being
     written, so a durable commit afterwards finds little left to flush. A context
     manager; ``close`` is idempotent; leaving the block on an exception stops the encoders and
@@ -223,7 +233,7 @@ class PartsWriter(_GroupCutter):
         self.parts_written += 1
 
     def _encode(self, path, groups: queue.SimpleQueue) -> None:
-        with pq.ParquetWriter(path, self.schema, **WRITE_OPTIONS) as writer:
+        with writing(path), pq.ParquetWriter(path, self.schema, **WRITE_OPTIONS) as writer:
             while (item := groups.get()) is not _END:
                 group, size = item
                 try:

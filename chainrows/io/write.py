@@ -33,6 +33,8 @@ from typing import Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from chainrows.io.errors import writing
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX: stale temp dirs are cleaned by age only
@@ -73,13 +75,15 @@ def write_parquet(path: str | os.PathLike, table: pa.Table, **options) -> Path:
     The bytes depend on the rows alone, not on how the table's columns are chunked (pyarrow
     cuts data pages at chunk boundaries; an API rows table comes in several chunks when
     rollouts failed their hash or logprob checks): each row group is made one chunk per column
-    before it is written, so a multi-chunk table costs one row group's copy at a time."""
+    before it is written, so a multi-chunk table costs one row group's copy at a time. A failed
+    write is a WriteError naming ``path``."""
     opts = {**WRITE_OPTIONS, **options}
     group_rows = row_group_rows(table)
     if table.num_rows == 0 or all(col.num_chunks == 1 for col in table.columns):
-        pq.write_table(table, path, row_group_size=group_rows, **opts)
+        with writing(path):
+            pq.write_table(table, path, row_group_size=group_rows, **opts)
         return Path(path)
-    with pq.ParquetWriter(path, table.schema, **opts) as writer:
+    with writing(path), pq.ParquetWriter(path, table.schema, **opts) as writer:
         for start in range(0, table.num_rows, group_rows):
             group = table.slice(start, group_rows).combine_chunks()
             writer.write_table(group, row_group_size=group.num_rows)
@@ -115,7 +119,8 @@ def write_json_atomic(path: str | os.PathLike, value) -> Path:
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, sort_keys=True))
+    with writing(tmp):
+        tmp.write_text(json.dumps(value, sort_keys=True))
     os.replace(tmp, path)
     return path
 
@@ -477,12 +482,14 @@ def _mtime(path: Path) -> float:
 
 
 def fsync_file(path) -> None:
-    """Flush one written file to disk (errors raised: a file that cannot be synced is not durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Flush one written file to disk (errors raised, a WriteError naming it: a file that cannot
+    be synced is not durable, and a full disk may first show here)."""
+    with writing(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _fsync_tree(path: Path) -> None:
