@@ -381,9 +381,8 @@ def test_any_staged_order_gzip_and_buckets_give_the_same_dataset(tmp_path):
     summary = import_gym(shuffled, tmp_path / "gz")
     assert summary.buckets == 1
     assert _outcome(tmp_path / "gz") == want
-    size = (dump / "staged.jsonl").stat().st_size
-    summary = import_gym(shuffled, tmp_path / "bucketed", memory_budget=size // 2, threads=2)
-    assert summary.buckets > 3
+    summary = import_gym(shuffled, tmp_path / "bucketed", buckets=16, threads=2)
+    assert summary.buckets == 16
     assert (tmp_path / "bucketed" / "ledger").is_dir()  # one part per bucket
     assert _outcome(tmp_path / "bucketed") == want
 
@@ -467,17 +466,8 @@ def test_malformed_line_exits_2_naming_file_and_line_and_writes_nothing(tmp_path
     path = dump / f"{name}.jsonl"
     path.write_text("\n".join(edit(path.read_text().splitlines())) + "\n")
     out = tmp_path / "ds"
-    argv = ["import-gym", str(dump), str(out)] + (["--memory-budget", "1MiB"] if bucketed else [])
-    if bucketed:  # force several buckets on a tiny dump
-        from chainrows.io.gym import importer
-
-        saved = importer.BUCKET_SHARE
-        importer.BUCKET_SHARE = (1 << 20) // 1000
-    try:
-        rc = main(argv)
-    finally:
-        if bucketed:
-            importer.BUCKET_SHARE = saved
+    argv = ["import-gym", str(dump), str(out)] + (["--buckets", "4"] if bucketed else [])  # several on a tiny dump
+    rc = main(argv)
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert "\n" not in err and f"line {line}:" in err and message in err and str(path) in err, err
@@ -496,6 +486,33 @@ def test_a_deep_line_does_not_hide_an_earlier_lines_error(tmp_path, capsys):
     assert main(["import-gym", str(dump), str(tmp_path / "ds")]) == 2
     err = capsys.readouterr().err
     assert "staged: line 1: field 'prev_len'" in err and "\n" not in err.strip(), err
+
+
+def test_budget_below_the_process_is_refused_up_front(tmp_path, capsys):
+    """As reassemble does (chainrows.io.budget): a budget the process itself cannot fit is
+    unusable input, exit 2, one line naming the smallest budget that works, and nothing
+    written; a budget just above it is then accepted."""
+    dump = EXAMPLE / "dump"
+    out = tmp_path / "ds"
+    assert main(["import-gym", str(dump), str(out), "--memory-budget", "1MiB"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "chainrows: error: --memory-budget 1 MiB is below what this process needs: "), err
+    assert not out.exists()
+    smallest = int(err.strip().rsplit(" is ", 1)[1].split()[0].replace(",", ""))
+    # the process's RSS moves a few MiB between measures: leave it that margin
+    assert main(["import-gym", str(dump), str(out), "--memory-budget", f"{smallest + 32}MiB"]) == 0
+    with pytest.raises(InputError, match=r"the smallest budget that works here is"):
+        import_gym(dump, tmp_path / "api", memory_budget=smallest << 19)  # half of it
+
+
+def test_buckets_hold_an_eighth_of_the_budget_of_staged_json_each():
+    from chainrows.io.gym.importer import MAX_BUCKETS, bucket_count
+
+    assert bucket_count(100 << 20, 800 << 20) == 1
+    assert bucket_count((100 << 20) + 1, 800 << 20) == 2
+    assert bucket_count(1000 << 20, 800 << 20) == 10
+    assert bucket_count(1 << 40, 800 << 20) == MAX_BUCKETS
 
 
 def test_malformed_line_keeps_an_existing_dataset(tmp_path):
@@ -670,19 +687,18 @@ def _import_both(dump: Path, out: Path, monkeypatch, **options):
     return results[0][0], fallbacks
 
 
-@pytest.mark.parametrize("budget", [None, "small"])
-def test_fast_reader_gives_the_exact_parsers_dataset_on_the_example_dumps(tmp_path, monkeypatch, budget):
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_fast_reader_gives_the_exact_parsers_dataset_on_the_example_dumps(tmp_path, monkeypatch, bucketed):
     raw = _random_raw(tmp_path, seed=3, n_rollouts=25)
     dumps = [EXAMPLE / "dump", _export(tmp_path, _doc_raw(tmp_path), "doc"), _export(tmp_path, raw, "random")]
     for k, dump in enumerate(dumps):
         options = {}
-        if budget:
-            options["memory_budget"] = max(1, (dump / "staged.jsonl").stat().st_size // 3)
-            monkeypatch.setattr(I, "BUCKET_SHARE", 1)
+        if bucketed:
+            options["buckets"] = 3
         summary, fallbacks = _import_both(dump, tmp_path / f"out{k}", monkeypatch, **options)
         assert isinstance(summary, I.GymSummary) and summary.staged > 0
         assert fallbacks == {}  # every line of a clean dump is read by the kernel
-        assert (summary.buckets > 1) == bool(budget)
+        assert (summary.buckets > 1) == bucketed
 
 
 def _float_literals(rng: random.Random, n: int) -> list:
@@ -781,8 +797,7 @@ def test_each_fast_fallback_leaves_the_line_to_the_exact_parser(tmp_path, monkey
     path.write_bytes(("\n".join(lines) + "\n").encode())
     outcome, fallbacks = _import_both(dump, tmp_path / "one", monkeypatch)
     assert fallbacks == {reason: 1}
-    monkeypatch.setattr(I, "BUCKET_SHARE", 1)
-    again, fallbacks = _import_both(dump, tmp_path / "many", monkeypatch, memory_budget=path.stat().st_size // 2)
+    again, fallbacks = _import_both(dump, tmp_path / "many", monkeypatch, buckets=2)
     assert set(fallbacks) == {reason}  # in the partition pass, and again in its bucket unless that pass failed
     if isinstance(outcome, str):
         assert "staged: line 2:" in outcome and str(path) in outcome
@@ -841,8 +856,7 @@ def test_fast_reader_matches_the_exact_parser_on_random_edits(tmp_path_factory, 
     path.write_bytes(("\n".join(lines) + "\n").encode())
     options = {}
     if bucketed:
-        monkeypatch.setattr(I, "BUCKET_SHARE", 1)
-        options["memory_budget"] = max(1, path.stat().st_size // 3)
+        options["buckets"] = 3
     _import_both(dump, tmp / "out", monkeypatch, **options)
 
 

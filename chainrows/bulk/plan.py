@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import math
 import shutil
-import time
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from chainrows.io.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
 from chainrows.io.dataset import TABLES, table_files, table_schema
 from chainrows.io.errors import InputError
-from chainrows.io.memory import process_rss, release_memory
 from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
 from chainrows.options import Options
 
 DEFAULT_BUDGET = 4 << 30
-BASE_RSS = 320 << 20     # process baseline where it cannot be measured (no /proc)
-MIN_ROOM = 96 << 20      # the least memory above the baseline any path works in
 MEMORY_FACTOR = 4.0      # in-memory run: peak over the input's uncompressed bytes (3.3x measured)
 MEMORY_FIXED = 96 << 20  # in-memory run: working memory whatever the input's size (threads, writers)
 SHARE = 0.75             # of the room above the baseline, what the planned peak may use
@@ -38,22 +34,6 @@ RUN_DISK_FACTOR = 4  # buckets (~ the input) and runs (~ the output) uncompresse
 STREAM_MIN_ROOM = 1 << 30  # below this room, spill: its factors are measured down to 384 MiB budgets
 
 
-@dataclass(frozen=True)
-class Footprint:
-    """What the process needs before any data: ``baseline`` bytes resident once the kernels are
-    loaded, measured in ``compile_seconds`` (a cold Numba cache compiles them then)."""
-
-    baseline: int
-    compile_seconds: float
-
-    @property
-    def smallest_budget(self) -> int:
-        return self.baseline + MIN_ROOM
-
-    def room(self, budget: int) -> int:
-        return budget - self.baseline
-
-
 def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
     """Load every kernel with a two-call reassembly (compiling them on a cold cache), then read
     the process's resident set."""
@@ -63,32 +43,14 @@ def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
     from chainrows.io.columnar import build_batch
     from chainrows.io.partition import string_hashes
 
-    t0 = time.perf_counter()
-    tables = tiny_tables(has_logprobs)
-    api.run_tables(*tables, options)
-    batch, _ = build_batch(*tables)
-    gather_rows(batch, decide(batch, options), options)  # decide_and_gather's fallback: plain copies
-    del batch
-    string_hashes(tables[2]["rollout_id"])
-    seconds = time.perf_counter() - t0
-    del tables
-    release_memory()
-    rss = process_rss()
-    return Footprint(rss if rss is not None else BASE_RSS, seconds)
+    def load_kernels():
+        tables = tiny_tables(has_logprobs)
+        api.run_tables(*tables, options)
+        batch, _ = build_batch(*tables)
+        gather_rows(batch, decide(batch, options), options)  # decide_and_gather's fallback: plain copies
+        string_hashes(tables[2]["rollout_id"])
 
-
-def check_budget(budget: int, footprint: Footprint) -> None:
-    """A budget below what the process itself needs cannot hold: unusable input (exit 2)."""
-    if budget < footprint.smallest_budget:
-        raise InputError(
-            f"--memory-budget {_mib(budget)} is below what this process needs: "
-            f"{_mib(footprint.baseline)} measured for the interpreter, libraries and kernels, plus "
-            f"{_mib(MIN_ROOM)} to work in; the smallest budget that works here is "
-            f"{_mib(footprint.smallest_budget)}")
-
-
-def _mib(n: int) -> str:
-    return f"{math.ceil(n / (1 << 20)):,} MiB"
+    return footprint_after(load_kernels)
 
 
 def footer(name: str, file) -> pq.FileMetaData:

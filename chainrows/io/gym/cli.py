@@ -23,6 +23,7 @@ def add_parsers(sub) -> None:
                    help="peak memory to stay under, e.g. 4GiB (default 2GiB); a larger dump is "
                         "imported in buckets of rollouts")
     i.add_argument("--threads", type=_at_least_one, default=None, help="hashing threads (default: all cores)")
+    i.add_argument("--buckets", type=_at_least_one, default=None, help=argparse.SUPPRESS)  # tests
     i.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     e = sub.add_parser("export-gym", help="raw JSON Lines (docs/jsonl.md) -> a NeMo Gym dump",
                        description="Read the three raw JSON Lines files that import-jsonl reads (docs/jsonl.md) "
@@ -43,7 +44,8 @@ def cmd_import_gym(a: argparse.Namespace) -> int:
 
     check_destination(a.out, TABLES, inputs=[a.dump], overwrite=a.overwrite)
     t0 = time.perf_counter()
-    summary = import_gym(a.dump, a.out, memory_budget=a.memory_budget or DEFAULT_BUDGET, threads=a.threads)
+    summary = import_gym(a.dump, a.out, memory_budget=a.memory_budget or DEFAULT_BUDGET, threads=a.threads,
+                         buckets=a.buckets)
     from chainrows.cli import _wrote
 
     print(f"chainrows import-gym {a.dump} -> {a.out}")

@@ -30,7 +30,9 @@ from chainrows.io.gym.verify import Checked, Verifier, xxh3_chain
 from chainrows.io.schema import (
     ACCEPTED_FIELD, INTEGRITY_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, ROLLOUTS_SCHEMA, TOKENS_SCHEMA,
 )
+from chainrows.io.budget import check_budget, footprint_after
 from chainrows.io.errors import InputError
+from chainrows.io.gym.fast import load_kernels
 from chainrows.io.write import AtomicOutput
 
 DEFAULT_BUDGET = 2 << 30
@@ -71,15 +73,21 @@ class GymSummary:
 
 
 def import_gym(dump_dir: str | os.PathLike, dataset_dir: str | os.PathLike, *,
-               memory_budget: int = DEFAULT_BUDGET, threads: int | None = None) -> GymSummary:
+               memory_budget: int = DEFAULT_BUDGET, threads: int | None = None,
+               buckets: int | None = None) -> GymSummary:
     """Read the dump (``receipts.jsonl``, ``staged.jsonl``, ``results.jsonl``, each may be
     ``.gz``), verify every staged call against its record and write the dataset (tables
     ``ledger``, ``tokens``, ``rollouts``; single files, or part directories when bucketed).
-    Raises InputError (file, line, field) on a malformed line; nothing is written then."""
+    Raises InputError (file, line, field) on a malformed line; nothing is written then.
+
+    ``memory_budget`` sizes the buckets (:func:`bucket_count`); a budget below what the process
+    itself needs is an InputError naming the smallest that works (chainrows.io.budget, as
+    ``reassemble`` refuses it). ``buckets``: force that many (tests, measurements)."""
     files = dump_files(dump_dir)
+    check_budget(memory_budget, footprint_after(load_kernels))
     summary = GymSummary()
     staged_size = files["staged"].stat().st_size * (GZ_RATIO if files["staged"].suffix == ".gz" else 1)
-    k = min(MAX_BUCKETS, max(1, math.ceil(staged_size / max(1, memory_budget // BUCKET_SHARE))))
+    k = buckets or bucket_count(staged_size, memory_budget)
     summary.buckets = k
     with Verifier(threads) as verifier, AtomicOutput(dataset_dir, names=("ledger", "tokens", "rollouts")) as out:
         if k == 1:
@@ -96,6 +104,11 @@ def import_gym(dump_dir: str | os.PathLike, dataset_dir: str | os.PathLike, *,
 
 
 # ----------------------------------------------------------------------------- partitioning
+
+def bucket_count(staged_bytes: int, memory_budget: int) -> int:
+    """Buckets of at most a BUCKET_SHARE-th of the budget of staged JSON each, at most MAX_BUCKETS."""
+    return min(MAX_BUCKETS, max(1, math.ceil(staged_bytes / max(1, memory_budget // BUCKET_SHARE))))
+
 
 def _bucket_of(rollout_id: str, k: int) -> int:
     return zlib.crc32(rollout_id.encode("utf-8")) % k
