@@ -209,6 +209,7 @@ def _prepare(work: Path) -> dict:
         "bad_api": dict(kind="api", data=bad, flags=[], options={}, buckets=3, prior=True),
         "cli_local": dict(kind="cli", data=plain, flags=every_option, ray=[]),
         "bad_cli": dict(kind="cli", data=bad, flags=[], ray=["auto"], prior=True, extra=["--overwrite"]),
+        "bad_cli_local": dict(kind="cli", data=bad, flags=[], ray=[]),  # found in a task of a Ray of its own
         "no_tokens_cli": dict(kind="cli", data=no_tokens, flags=[], ray=["auto"]),
         "wrong_type_cli": dict(kind="cli", data=wrong_type, flags=[], ray=["auto"]),
     }
@@ -288,16 +289,23 @@ def test_bad_data_in_a_worker_is_the_single_process_error(session):
     assert not [p for p in prior.iterdir() if p.name.startswith(".chainrows-tmp")]
 
 
-@pytest.mark.parametrize("name", ["bad_cli", "no_tokens_cli", "wrong_type_cli"])
+# what Ray's C++ core prints (not through Python's logging) in a network namespace with no route out
+NAMESPACE_NOTE = "Failed to determine local IP via external connectivity"
+
+
+@pytest.mark.parametrize("name", ["bad_cli", "bad_cli_local", "no_tokens_cli", "wrong_type_cli"])
 def test_cli_bad_input_exits_2_with_the_single_process_line(session, name):
+    """The single-process line and nothing else: not Ray Data's logging of the failed task
+    with its tracebacks (~135 lines), nor Ray's warnings (bad_cli and bad_cli_local find the
+    null inside a Ray task)."""
     work, cases, results = session
     case, got = cases[name], results[name]
     assert case["ref_rc"] == 2 and got["rc"] == 2
     want = case["ref_stderr"].strip()
     assert len(want.splitlines()) == 1
-    lines = got["stderr"].strip().splitlines()  # Ray may warn first (e.g. about the namespace)
+    lines = got["stderr"].strip().splitlines()
     assert lines[-1] == want
-    assert [ln for ln in lines if ln.startswith("chainrows:")] == [want]
+    assert all(NAMESPACE_NOTE in ln for ln in lines[:-1]), got["stderr"]
     out = Path(case["out"])
     if case.get("prior"):
         assert same_table(read_output(out, "rows"), read_output(Path(cases["kill"]["expected"]), "rows"))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import sys
 
 # single-process knobs with no meaning on Ray (each task holds whole groups; Ray schedules)
@@ -36,6 +39,32 @@ def check_out(dataset: str, out: str, overwrite: bool) -> None:
             raise OutputExistsError(out, PurePosixPath(dst.join(form)))
 
 
+@contextlib.contextmanager
+def quiet_logs():
+    """Inside, no Python log record at ERROR or below is emitted (CHAINROWS_DEBUG=1: all are).
+
+    Ray Data logs a failed task's error twice, each with its traceback (~135 lines), before the
+    exception reaches the CLI, which prints its own one line: the InputError a task raised
+    (chainrows.ray.cluster.input_error_in), or a one-line internal error for a genuine Ray
+    failure. Ray Data reconfigures its loggers and handlers when a dataset runs, so their levels
+    would not hold; ``logging.disable`` does. For the CLI's process only: the API leaves the
+    caller's logging alone. The workers' output (e.g. a raylet's note that a task the abort
+    cut short will be retried) is not logging: ``worker_logs`` keeps it off too."""
+    if _debug():
+        yield
+        return
+    previous = logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def _debug() -> bool:
+    return bool(os.environ.get("CHAINROWS_DEBUG"))
+
+
 def cmd_reassemble_ray(a, options) -> int:
     """Run the Ray path for parsed ``reassemble`` arguments ``a``; print the summary."""
     from chainrows.ray.job import run
@@ -48,8 +77,9 @@ def cmd_reassemble_ray(a, options) -> int:
         check_out(a.dataset, a.out, a.overwrite)
         # Ray Data's bars under the single-process rule: by default only on a terminal
         progress = a.progress if a.progress is not None else sys.stderr.isatty()
-        summary = run(a.dataset, a.out, options, address=a.ray or None, buckets=a.buckets,
-                      progress=progress)
+        with quiet_logs():
+            summary = run(a.dataset, a.out, options, address=a.ray or None, buckets=a.buckets,
+                          progress=progress, worker_logs=_debug())
     except ImportError as exc:
         print(f"chainrows: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

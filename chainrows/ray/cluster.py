@@ -22,17 +22,19 @@ def import_ray():
 
 
 @contextlib.contextmanager
-def connected(address: str | None, num_cpus: int | None = None):
+def connected(address: str | None, num_cpus: int | None = None, *, worker_logs: bool = True):
     """Inside: a Ray session. ``address`` None starts a local Ray (``num_cpus`` CPUs, default all)
     and stops it on leaving; ``auto`` or ``ray://host:port`` joins a running cluster (clusters of
     Ray >= 2.59 want ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` in the environment). A session
-    this process already holds is used as is and left running."""
+    this process already holds is used as is and left running. ``worker_logs``: the workers' and
+    raylets' output is copied to this process's stderr (Ray's ``log_to_driver``; not over Ray
+    Client)."""
     ray = import_ray()
     if ray.is_initialized():
         yield ray
         return
     # Ray's INFO lines would bury chainrows' own output; its warnings and progress bars stay
-    kwargs = {"include_dashboard": False, "log_to_driver": True, "logging_level": logging.WARNING}
+    kwargs = {"include_dashboard": False, "log_to_driver": worker_logs, "logging_level": logging.WARNING}
     if address is None:
         ray.init(address="local", num_cpus=num_cpus, **kwargs)
     else:

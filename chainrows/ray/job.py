@@ -37,7 +37,7 @@ TASKS_PER_CPU = 2
 
 def run(dataset, out, options: Options | None = None, *, address: str | None = None,
         buckets: int | None = None, num_cpus: int | None = None, progress: bool | None = None,
-        engine=run_tables, records: list | None = None) -> Summary:
+        engine=run_tables, records: list | None = None, worker_logs: bool = True) -> Summary:
     """Reassemble ``dataset`` into ``out`` on Ray; returns the run's summary (path ``ray``).
 
     ``dataset``, ``out``: local paths (on a shared mount for a multi-node cluster) or
@@ -46,7 +46,8 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     the input size and the cluster's CPUs). ``progress``: Ray Data's progress bars (None: Ray's
     default). ``engine(ledger, tokens, rollouts, options)``: the in-memory engine each task runs
     (a seam for tests). ``records``: a list that receives one dict per decide task (bucket,
-    bytes in and out, seconds), for measurements.
+    bytes in and out, seconds), for measurements. ``worker_logs``: copy the workers' output to
+    this process's stderr (chainrows.ray.cluster.connected).
 
     Unusable input raises InputError (the single-process messages), before Ray starts when the
     footers tell. On any error nothing is committed and earlier outputs stay.
@@ -57,7 +58,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     tables = check_tables(src)
     input_bytes = _input_bytes(src, tables)
     has_lp = "logprobs" in tables["tokens"].columns
-    with connected(address, num_cpus) as ray:
+    with connected(address, num_cpus, worker_logs=worker_logs) as ray:
         from ray.data import DataContext
 
         ctx = DataContext.get_current()
