@@ -89,3 +89,32 @@ def test_single_process_knobs_are_usage_errors_with_ray(tmp_path, capsys, flag):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith(f"chainrows: error: {flag[0]} does not apply with --ray")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("failure", ["out of memory", "damaged"])
+def test_ray_file_reader_lets_out_of_memory_pass_and_names_a_damaged_file(tmp_path, monkeypatch, failure):
+    """The Ray reader shares the single-process reader's error handling: pyarrow's
+    ArrowMemoryError (an ArrowException too) is the machine's, not an unreadable file."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from chainrows.ray.source import check_tables, locate, read_file
+    from chainrows.synth import write_synth_dataset
+
+    write_synth_dataset(tmp_path / "data", 4, seed=1)
+    loc = locate(tmp_path / "data")
+    tf = check_tables(loc)["tokens"]
+    schema = wide_schema(check_tables(loc))
+    raised = pa.ArrowMemoryError("malloc of size 39925248 failed") if failure == "out of memory" else OSError("bad page")
+
+    def fail(self, *args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", fail)
+    if failure == "out of memory":
+        with pytest.raises(MemoryError):
+            list(read_file(pafs.LocalFileSystem(), tf, 0, schema, 4))
+    else:
+        with pytest.raises(InputError, match="unreadable Parquet file: bad page") as err:
+            list(read_file(pafs.LocalFileSystem(), tf, 0, schema, 4))
+        assert tf.shown[0] in str(err.value)

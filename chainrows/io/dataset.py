@@ -588,11 +588,12 @@ def iter_table_batches(dataset_dir: str | os.PathLike, name: str,
 STREAM_BUFFER = 1 << 20
 
 
-def _stream_reader(file: Path) -> pq.ParquetFile:
-    """The reader of every path: pre_buffer=True (pyarrow's default) reads ahead the whole file
-    into pool memory, which streaming batches must not (docs/decisions-io.md "Streaming
-    reads"); and all paths must decode damaged pages alike."""
-    return pq.ParquetFile(file, pre_buffer=False, buffer_size=STREAM_BUFFER)
+def _stream_reader(source) -> pq.ParquetFile:
+    """The reader of every path (in memory, streaming, spill, Ray; ``source`` a path or an open
+    file): pre_buffer=True (pyarrow's default) reads ahead the whole file into pool memory,
+    which streaming batches must not (docs/decisions-io.md "Streaming reads"); and all paths
+    must decode damaged pages alike."""
+    return pq.ParquetFile(source, pre_buffer=False, buffer_size=STREAM_BUFFER)
 
 
 def _iter_file(plan, file, read_cols, batch_rows) -> Iterator[pa.RecordBatch]:

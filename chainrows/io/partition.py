@@ -154,7 +154,7 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
 
     def write_part(b: int, name: str, part: int, schema, tables) -> None:
         digest = _write_part(dirs[b] / name / _part_name(part), schema, tables, ipc)
-        with open(dirs[b] / PARTS_MANIFEST, "a", encoding="ascii") as manifest:
+        with writing(dirs[b] / PARTS_MANIFEST), open(dirs[b] / PARTS_MANIFEST, "a", encoding="ascii") as manifest:
             manifest.write(f"{name}/{_part_name(part)} {digest}\n")
 
     for name in TABLES:

@@ -126,11 +126,8 @@ def _check_remote(loc: Location, name: str) -> TableFiles:
             shown.append(f"{shown_root}/{sub}/{e.base_name}")
     present = []
     for path, label in zip(paths, shown):
-        try:
-            with loc.fs.open_input_file(path) as fh:
-                schema = pq.read_schema(fh)
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise InputError(f"unreadable Parquet file: {dsio._one_line(exc)}", table=name, file=label) from exc
+        with dsio._reading(name, label), loc.fs.open_input_file(path) as fh:
+            schema = pq.read_schema(fh)
         present.append(check_schema(name, schema, label))
     wanted = list(CANONICAL[name].names)
     columns = [c for c in wanted if c not in dsio.OPTIONAL[name] or any(c in p for p in present)]
@@ -196,13 +193,10 @@ def read_file(fs: pafs.FileSystem, tf: TableFiles, i: int, schema: pa.Schema, pa
 def _read_file(fs, tf: TableFiles, i: int, schema: pa.Schema, partitions: int):
     path, label, present = tf.paths[i], tf.shown[i], tf.present[i]
     read_cols = [c for c in present if c in tf.columns]
-    try:
-        fh = fs.open_input_file(path)
-        pf = pq.ParquetFile(fh, pre_buffer=False, buffer_size=dsio.STREAM_BUFFER)
+    with dsio._reading(tf.name, label):
+        pf = dsio._stream_reader(fs.open_input_file(path))
         footer_rows = pf.metadata.num_rows
         batches = pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=read_cols)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"unreadable Parquet file: {dsio._one_line(exc)}", table=tf.name, file=label) from exc
     row0 = 0
     for batch in dsio._guard(batches, tf.name, label):
         if row0 + batch.num_rows > footer_rows:
