@@ -1,10 +1,14 @@
 """A write that fails mid-run (disk or quota full, the file-size limit): exit 1, as when the
 machine runs out of memory, with one line naming the file being written and the OS error;
 no partial ``rows``/``report`` in OUT; the work kept for ``--resume`` said with its size, as on
-an interrupt (README "Exit codes")."""
+an interrupt (README "Exit codes"). The same line and exit code for import-gym (its bucket
+files too), export-gym and import-jsonl, which leave no dataset or dump."""
 
 from __future__ import annotations
 
+import builtins
+import errno
+import io
 import os
 import re
 import resource
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from chainrows.cli import main
 from test_cli import _tables
 from test_fuzz import REPO, assert_ran, cli, write_dir  # noqa: F401  (cli is a fixture)
 from outputs import no_outputs, output_bytes
@@ -108,3 +113,118 @@ def test_file_size_limit_in_the_real_process(good, tmp_path, flags):
         assert m[2].startswith(f"; {out / WORK} keeps ") and "--resume" in m[2], lines[0]
     else:
         assert m[2] is None and not out.exists(), lines[0]
+
+
+# ----------------------------------------------------------------------------- the other commands
+
+class _FullDisk(io.FileIO):
+    """A file on a full disk: every write fails as the kernel's does (ENOSPC, no file name)."""
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _full_disk_for(monkeypatch, inside: str, on: str) -> None:
+    """Files Python's ``open`` opens for writing whose path holds ``inside`` are on a full disk;
+    ``on``: where the error shows, on the ``write`` call (unbuffered) or on ``close`` (the
+    write only filled the buffer, as a small file's does)."""
+    real_open = builtins.open
+
+    def full_open(file, mode="r", *args, **kwargs):
+        if inside not in str(file) or "w" not in mode:
+            return real_open(file, mode, *args, **kwargs)
+        unbuffered = on == "write"
+        handle = io.BufferedWriter(_FullDisk(file, "w"), 1 if unbuffered else io.DEFAULT_BUFFER_SIZE)
+        if "b" in mode:
+            return handle
+        return io.TextIOWrapper(handle, encoding=kwargs.get("encoding"), write_through=unbuffered)
+
+    monkeypatch.setattr(builtins, "open", full_open)
+
+
+def _the_error_line(rc: int, err: str) -> str:
+    lines = err.splitlines()
+    assert rc == 1 and len(lines) == 1 and err.endswith("\n") and "Traceback" not in err, (rc, err)
+    return lines[0]
+
+
+GYM_DUMP = REPO / "examples" / "gym" / "dump"
+GYM_RAW = REPO / "examples" / "gym" / "raw"
+RAW = [GYM_RAW / f"{name}.jsonl" for name in ("ledger", "tokens", "results")]
+
+
+@pytest.mark.parametrize("on", ["write", "close"])
+def test_import_gym_full_disk_in_a_bucket_file_names_it(tmp_path, capsys, monkeypatch, on):
+    """A bucketed import-gym routes the dump's lines into bucket files in its staging dir with
+    Python writes: a full disk there is the one line naming the bucket file, exit 1 (once
+    'error: No space left on device', exit 2), and no dataset."""
+    out = tmp_path / "ds"
+    _full_disk_for(monkeypatch, "gym-buckets", on)
+    rc = main(["import-gym", str(GYM_DUMP), str(out), "--buckets", "2"])
+    line = _the_error_line(rc, capsys.readouterr().err)
+    assert re.fullmatch(rf"chainrows: error: cannot write {re.escape(str(out))}/\.chainrows-tmp-[^/]+/gym-buckets/"
+                        r"(receipts|staged|results)-[01]\.txt: No space left on device; no output written",
+                        line), line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("on", ["write", "close"])
+@pytest.mark.parametrize("previous", ["none", "a dump"])
+def test_export_gym_full_disk_names_the_file_and_keeps_the_dump(tmp_path, capsys, monkeypatch, on, previous):
+    """export-gym writes its JSON Lines with Python writes, staged in a hidden dir of DUMP: a
+    full disk is the one line naming the staged file, exit 1, and DUMP is as it was (absent, or
+    the earlier dump's files untouched)."""
+    dump = tmp_path / "dump"
+    if previous == "a dump":
+        assert main(["export-gym", *map(str, RAW), str(dump)]) == 0
+        (dump / "staged.jsonl").write_text("earlier\n")  # told apart from a new export
+    before = {p.name: p.read_bytes() for p in dump.iterdir()} if dump.exists() else None
+    capsys.readouterr()
+    _full_disk_for(monkeypatch, ".chainrows-tmp-", on)
+    rc = main(["export-gym", *map(str, RAW), str(dump), "--overwrite"])
+    line = _the_error_line(rc, capsys.readouterr().err)
+    assert re.fullmatch(rf"chainrows: error: cannot write {re.escape(str(dump))}/\.chainrows-tmp-[^/]+/"
+                        r"(receipts|staged|results)\.jsonl: No space left on device; no output written",
+                        line), line
+    if before is None:
+        assert not dump.exists()
+    else:
+        assert {p.name: p.read_bytes() for p in dump.iterdir()} == before
+
+
+def test_import_jsonl_full_disk_names_the_file(tmp_path, capsys, monkeypatch):
+    """import-jsonl writes through write_parquet, which names its file: the same line, exit 1,
+    and no dataset."""
+    import pyarrow.parquet as pq
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    out = tmp_path / "ds"
+    rc = main(["import-jsonl", *map(str, RAW), str(out)])
+    line = _the_error_line(rc, capsys.readouterr().err)
+    assert re.fullmatch(rf"chainrows: error: cannot write {re.escape(str(out))}/\.chainrows-tmp-[^/]+/"
+                        r"(ledger|tokens|rollouts)\.parquet: No space left on device; no output written", line), line
+    assert not out.exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE and SIGXFSZ as on Linux")
+@pytest.mark.parametrize("argv", [["import-gym", GYM_DUMP, "OUT", "--buckets", "2"], ["export-gym", *RAW, "OUT"]],
+                         ids=["import-gym", "export-gym"])
+def test_file_size_limit_in_the_real_process_of_the_gym_commands(tmp_path, argv):
+    """`ulimit -f` below the size of a bucket file or an exported file: a real EFBIG from the
+    kernel, through Python's buffered writes: exit 1, one line naming the file, no output."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("CHAINROWS_DEBUG", None)
+    with_out = lambda out: [sys.executable, "-m", "chainrows.cli"] + [  # noqa: E731
+        str(out) if a == "OUT" else str(a) for a in argv]
+    warm = subprocess.run(with_out(tmp_path / "warm"), cwd=REPO, env=env, capture_output=True, text=True)
+    assert warm.returncode == 0, warm.stderr  # the kernel cache is written before the limit applies
+    out = tmp_path / "out"
+    p = subprocess.run(with_out(out), cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+                       preexec_fn=_file_size_limit(1024))
+    line = _the_error_line(p.returncode, p.stderr)
+    m = re.fullmatch(r"chainrows: error: cannot write (\S+): File too large; no output written", line)
+    assert m and Path(m[1]).is_relative_to(out), line
+    assert not out.exists()

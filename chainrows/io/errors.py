@@ -62,5 +62,13 @@ def writing(path: str | os.PathLike):
     except WriteError:
         raise
     except OSError as exc:
-        strerror = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
-        raise WriteError(exc.errno, strerror, str(exc.filename or path)) from exc
+        raise write_error(exc, path) from exc
+
+
+def write_error(exc: OSError, path: str | os.PathLike) -> WriteError:
+    """``exc`` as the WriteError ``writing`` raises: naming the file ``exc`` names, else
+    ``path`` (for a write too hot for a ``with`` block per call; raise it ``from exc``)."""
+    if isinstance(exc, WriteError):
+        return exc
+    strerror = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
+    return WriteError(exc.errno, strerror, str(exc.filename or path))

@@ -1,6 +1,7 @@
 """The ``import-gym`` and ``export-gym`` commands (docs/gym.md); chainrows.cli registers them.
 
-Errors follow chainrows.cli: an InputError or OSError exits 2 with one line, nothing written.
+Errors follow chainrows.cli: one line, nothing written; an InputError exits 2, a write that
+fails for want of room (a WriteError naming the file: disk full, ``ulimit -f``) exits 1.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ Wire schema 3, digest version 2, extras digest version 1, no extras, weight_vers
 ledger record with ``failed: true`` becomes a pending call of its receipt (no CallRecord, no
 staged line), so the import masks the rollout ``capture_failed``. The raw ``chain_hash`` is
 not exported (Gym has its own hashes; the import recomputes the SPEC one from the tokens).
-The whole capture is held in memory; the three files appear together at the end.
+The whole capture is held in memory; the three files are staged in a hidden directory of the
+dump and appear together at the end (receipts last). A failed write (a full disk) is a
+WriteError naming the staged file, and leaves no new file in the dump.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from chainrows.io.gym import wire as W
 from chainrows.io.gym.fingerprints import fingerprint, is_model_authored
 from chainrows.io.jsonl import _float_list, _int32_list, _string_list, iter_records
+from chainrows.io.outfile import OutFile
 
 SCHEMA_VERSION = 3
 WEIGHT_VERSION = 0
@@ -38,7 +41,9 @@ class _Rollout:
 def export_gym(ledger_path, tokens_path, results_path, dump_dir: str | os.PathLike) -> dict:
     """Write ``receipts.jsonl``, ``staged.jsonl``, ``results.jsonl`` into ``dump_dir`` (earlier
     files of those names are replaced, other files left alone). Raises
-    chainrows.io.errors.InputError naming the file and line on a malformed record. Returns counts (rollouts, calls, staged)."""
+    chainrows.io.errors.InputError naming the file and line on a malformed record, and a
+    WriteError naming the file on a failed write; either leaves the dump as it was. Returns
+    counts (rollouts, calls, staged)."""
     rollouts: dict[str, _Rollout] = {}
     for r in iter_records(ledger_path, "ledger"):
         rid, cid = r.string("rollout_id"), r.string("call_id")
@@ -144,8 +149,8 @@ def _write(dump: Path, rollouts: dict, tokens: dict, results: list) -> dict:
     for rid, cid in tokens:
         token_calls.setdefault(rid, []).append(cid)
     try:
-        with open(tmp / "receipts.jsonl", "w", encoding="utf-8") as rf, \
-                open(tmp / "staged.jsonl", "w", encoding="utf-8") as sf:
+        with OutFile(tmp / "receipts.jsonl", "w", encoding="utf-8") as rf, \
+                OutFile(tmp / "staged.jsonl", "w", encoding="utf-8") as sf:
             for rid, ro in rollouts.items():
                 manifest, staged = _records(rid, ro, tokens)
                 known = {c["call_id"] for c in ro.calls} | set(ro.failed)  # a pending call has no staged line
@@ -162,7 +167,7 @@ def _write(dump: Path, rollouts: dict, tokens: dict, results: list) -> dict:
                     sf.write(json.dumps(line) + "\n")
                 counts["calls"] += len(manifest) + len(ro.failed)
                 counts["staged"] += len(staged)
-        with open(tmp / "results.jsonl", "w", encoding="utf-8") as out:
+        with OutFile(tmp / "results.jsonl", "w", encoding="utf-8") as out:
             for res in results:
                 ro = rollouts[res["rollout_id"]]
                 line = dict(rollout_id=res["rollout_id"], group_id=res["group_id"],

@@ -6,7 +6,8 @@ a hash of its rollout_id into one of K bucket files (in the output's temp direct
 line's original number), and each bucket is then imported alone and written as one part file
 per table. A rollout's receipt, staged calls and result always land in the same bucket, so
 staged lines may come in any order. Everything is written through AtomicOutput: a malformed
-line (InputError) or an interrupt leaves no dataset behind.
+line (InputError), a failed write (a WriteError naming the file: a full disk) or an interrupt
+leaves no dataset behind.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import os
 import zlib
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -33,6 +35,7 @@ from chainrows.io.schema import (
 from chainrows.io.budget import check_budget, footprint_after
 from chainrows.io.errors import InputError
 from chainrows.io.gym.fast import load_kernels
+from chainrows.io.outfile import OutFile
 from chainrows.io.write import AtomicOutput
 
 DEFAULT_BUDGET = 2 << 30
@@ -115,12 +118,13 @@ def _bucket_of(rollout_id: str, k: int) -> int:
 
 
 def _partition(files: dict, k: int, folder: Path) -> dict:
-    """Route every line by rollout into k bucket files per table; name -> [paths]."""
+    """Route every line by rollout into k bucket files per table; name -> [paths]. A failed
+    write (a full disk) is a WriteError naming the bucket file."""
     folder.mkdir()
     paths = {name: [folder / f"{name}-{b}.txt" for b in range(k)] for name in NAMES}
     for name in NAMES:
-        handles = [open(p, "wb") for p in paths[name]]
-        try:
+        with ExitStack() as files_open:
+            handles = [files_open.enter_context(OutFile(p)) for p in paths[name]]
             if name == "staged":
                 lines = ((n, raw, _key(n, raw, line, files[name]))
                          for n, raw, line, _ in staged_lines(iter_raw(files[name], name), files[name], FAST_STAGED))
@@ -131,9 +135,6 @@ def _partition(files: dict, k: int, folder: Path) -> dict:
                 h = handles[_bucket_of(rid, k)]
                 h.write(b"%d\t" % number)
                 h.write(raw if raw.endswith(b"\n") else raw + b"\n")
-        finally:
-            for h in handles:
-                h.close()
     return paths
 
 
