@@ -556,11 +556,15 @@ def _work_dir(a) -> str | None:
 
 
 def _left_behind(a) -> str:
-    """For the interrupted or failed-write message: the finished work a rerun with --resume reuses."""
+    """For the interrupted or failed-write message: the finished work a rerun with --resume
+    reuses; nothing when there is none (the run removes its own work that holds none)."""
+    from pathlib import Path
+
+    from chainrows.bulk.job import holds_finished_work
     from chainrows.progress import human_bytes
 
     work = _work_dir(a)
-    if work is None or not os.path.isdir(work):
+    if work is None or not holds_finished_work(Path(work)):
         return ""
     return (f"; {work} keeps {human_bytes(_size(work))} of finished work: run the same command "
             f"with --resume to reuse it, or delete it")

@@ -38,19 +38,24 @@ def test_synth_says_what_its_corruptions_do(tmp_path, capsys):
     assert sum(s == "masked" for s in report["status"].to_pylist()) == in_cc
 
 
-@pytest.mark.parametrize("work_bytes", [0, 1500])
-def test_interrupted_run_says_what_it_left(tmp_path, capsys, monkeypatch, work_bytes):
-    """Ctrl-C: exit 130, one line; finished work in OUT/.chainrows-work is named with its size
-    and --resume; an OUT the run created and left empty is removed."""
+@pytest.mark.parametrize("work", ["none", "unfinished", "finished"])
+def test_interrupted_run_says_what_it_left(tmp_path, capsys, monkeypatch, work):
+    """Ctrl-C: exit 130, one line; finished work in OUT/.chainrows-work (here a finished
+    partitioning) is named with its size and --resume; work with nothing finished in it (a
+    killed run's, partitioning) is not offered for --resume; an OUT the run created and left
+    empty is removed."""
     from chainrows import bulk
     from chainrows.bulk.job import WORK_DIR
+    from chainrows.bulk.spill import FINISHED
 
     out = tmp_path / "out"
 
     def interrupted(dataset, out_dir, *args, **kwargs):
-        (out / WORK_DIR).mkdir(parents=True) if work_bytes else out.mkdir()
-        if work_bytes:
-            (out / WORK_DIR / "bucket").write_bytes(b"x" * work_bytes)
+        (out / WORK_DIR).mkdir(parents=True) if work != "none" else out.mkdir()
+        if work != "none":
+            (out / WORK_DIR / "bucket").write_bytes(b"x" * 1500)
+        if work == "finished":
+            (out / WORK_DIR / FINISHED).touch()
         raise KeyboardInterrupt
 
     monkeypatch.setattr(bulk, "run", interrupted)
@@ -59,10 +64,11 @@ def test_interrupted_run_says_what_it_left(tmp_path, capsys, monkeypatch, work_b
     assert main(["reassemble", str(data), str(out)]) == 130
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("chainrows: interrupted; no output written"), err
-    if work_bytes:
+    if work == "finished":
         assert str(out / WORK_DIR) in err[0] and "1.5 KB" in err[0] and "--resume" in err[0]
     else:
-        assert "--resume" not in err[0] and not out.exists()
+        assert err[0] == "chainrows: interrupted; no output written", err
+        assert out.exists() == (work == "unfinished")
 
 
 def test_reassemble_says_it_compiles_and_keeps_compiling_out_of_throughput(tmp_path, capsys, monkeypatch):

@@ -38,20 +38,27 @@ def _one_error_line(res) -> str:
     return lines[0]
 
 
-def _full_disk(patch: str, argv: list) -> str:
-    """Worker code: run the CLI with ``patch`` (a pyarrow writer method) raising ENOSPC as
-    pyarrow does (an errno, no file name), then restore it."""
+ENOSPC = 'OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")'
+
+
+def _full_disk(patch: str, argv: list, error: str = ENOSPC, where: str = "") -> str:
+    """Worker code: run the CLI with ``patch`` (a writer method) raising ``error`` (default
+    ENOSPC as pyarrow raises it: an errno, no file name), then restore it. ``where``: only
+    for a writer whose ``_target`` holds it."""
     owner, method = patch.rsplit(".", 1)
     return f"""
-import errno, pyarrow.ipc, pyarrow.parquet
+import errno, pyarrow.ipc, pyarrow.parquet, chainrows.bulk.runs
 from chainrows import cli
+original = getattr({owner}, {method!r})
 def full(self, *args, **kwargs):
-    raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+    if {where!r} in str(getattr(self, "_target", "")):
+        raise {error}
+    return original(self, *args, **kwargs)
 setattr({owner}, {method!r}, full)
 try:
     rc = cli.main({[str(a) for a in argv]!r})
 finally:
-    delattr({owner}, {method!r})
+    setattr({owner}, {method!r}, original)
 """
 
 
@@ -71,6 +78,44 @@ def test_full_disk_while_keeping_a_bucket_names_the_run_and_says_what_resume_kee
     assert_ran(cli.run("reassemble", good, out, "--buckets", "2", "--resume"))
     assert_ran(cli.run("reassemble", good, tmp_path / "whole", "--buckets", "2"))
     assert output_bytes(out) == output_bytes(tmp_path / "whole") and not (out / WORK).exists()
+
+
+@pytest.mark.parametrize("error,rc,said", [(ENOSPC, 1, "error: cannot write "), ("KeyboardInterrupt()", 130, "interrupted")],
+                         ids=["full disk", "interrupt"])
+def test_stopped_while_partitioning_keeps_no_work_and_promises_no_resume(cli, good, tmp_path, error, rc, said):
+    """Nothing is finished while partitioning (a resumed run would partition again): the work
+    dir is removed, the line says no output was written and offers no --resume, and the OUT
+    this run made is gone."""
+    out = tmp_path / "out"
+    res = cli.exec(_full_disk("pyarrow.ipc.RecordBatchFileWriter.write_table",
+                              ["reassemble", good, out, "--buckets", "2"], error))
+    lines = res.stderr.splitlines()
+    assert res.rc == rc and len(lines) == 1 and said in lines[0], str(res)
+    assert lines[0].endswith("; no output written") and "--resume" not in lines[0], lines[0]
+    if rc == 1:
+        assert f"cannot write {out / WORK / 'spill'}/bucket-" in lines[0], lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("step,kept", [(0, False), (1, True)])
+def test_full_disk_in_a_stream_keeps_the_work_once_a_window_is_finished(cli, tmp_path, step, kept):
+    """The stream path: failing to keep its first window leaves nothing --resume reuses (the
+    work dir goes); failing on a later one keeps the finished windows and says so."""
+    good = tmp_path / "data"  # groups spread over the windows (the small dataset's finish in the last)
+    assert_ran(cli.run("synth", good, "--rollouts", "200"))
+    out = tmp_path / "out"
+    run = f"step-{step:05d}.rows.arrow"
+    res = cli.exec(_full_disk("chainrows.bulk.runs.RunWriter._emit", ["reassemble", good, out, "--steps", "3"],
+                              where=run))
+    line = _one_error_line(res)
+    assert line.startswith(f"chainrows: error: cannot write {out / WORK / 'windows' / run}.tmp: "
+                           "No space left on device; no output written"), line
+    assert ("--resume" in line) == kept and (out / WORK).exists() == kept and out.exists() == kept, line
+    if kept:
+        assert re.search(r" keeps [\d.]+ [KMG]?B of finished work: run the same command with --resume", line), line
+        assert_ran(cli.run("reassemble", good, out, "--steps", "3", "--resume"))
+        assert_ran(cli.run("reassemble", good, tmp_path / "whole", "--steps", "3"))
+        assert output_bytes(out) == output_bytes(tmp_path / "whole") and not (out / WORK).exists()
 
 
 def test_full_disk_while_writing_a_part_names_the_part_and_leaves_no_out(cli, good, tmp_path):

@@ -9,7 +9,9 @@
 
 Runs are merged by rollout_id, so every path writes the same bytes. Everything is staged in
 ``OUT`` and committed atomically (chainrows.io.write.AtomicOutput); ``OUT/.chainrows-work``
-holds finished windows or buckets for ``--resume`` until the commit.
+holds finished windows or buckets for ``--resume`` until the commit. A run that fails or is
+interrupted before it finished any (while partitioning, before its first window) removes it:
+nothing in it would be reused.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pyarrow as pa
 from chainrows.api import Result, run_tables
 from chainrows.bulk import plan as planner
 from chainrows.bulk.runs import kept_record, merge_tree, run_path, runs_record, write_run
-from chainrows.bulk.spill import partition_once, reassemble_buckets, summary_of
+from chainrows.bulk.spill import FINISHED, partition_once, reassemble_buckets, summary_of
 from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
 from chainrows.bulk.windows import plan_windows, scan
@@ -43,6 +45,7 @@ from chainrows.options import Options
 from chainrows.progress import Progress
 
 WORK_DIR = ".chainrows-work"
+WINDOWS = "windows"  # in WORK_DIR: a stream's finished windows, step-NNNNN.json and their runs
 MANIFEST_VERSION = 8
 MERGE_SHARE = 16  # of the room, what the merge's buffered run batches may take
 ENCODE_SHARE = 16  # of the room, what cut row groups waiting for an encoder may take
@@ -132,6 +135,10 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
                     _merge(work, runs, rows_w, report_w, room, tight, ipc, progress)
             except InputError:  # unusable input: work this run started is of no use to --resume
                 if made_work:
+                    shutil.rmtree(work, ignore_errors=True)
+                raise
+            except BaseException:  # a failed write, an interrupt: keep only work --resume reuses
+                if not holds_finished_work(work):
                     shutil.rmtree(work, ignore_errors=True)
                 raise
     summary.seconds = time.perf_counter() - t0
@@ -226,6 +233,14 @@ def route_if_it_fits(route: Route, dataset_dir, total: int, room: int, has_lp: b
     return route if route.batches >= planner.spill_buckets(total, room) else None
 
 
+def holds_finished_work(work: Path) -> bool:
+    """``work`` holds something ``--resume`` reuses: the spill path's finished partitioning (its
+    finished buckets come after it) or a stream's finished window. Work without either (a run
+    stopped while partitioning, or before its first window was kept) is of no use: a resumed
+    run would start it again."""
+    return (work / FINISHED).exists() or any((work / WINDOWS).glob("step-*.json"))
+
+
 def prepare_work(work: Path, wanted: dict, resume: bool) -> None:
     """Keep ``work`` when resuming the same job; otherwise start it afresh."""
     path = work / "manifest.json"
@@ -262,7 +277,7 @@ def _run_batch_bytes(room: int, runs: int) -> int:
 
 
 def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, ipc, progress) -> list[dict]:
-    windows = work / "windows"
+    windows = work / WINDOWS
     windows.mkdir(exist_ok=True)
     plan = route.plan
     done = {k for k in range(plan.steps) if kept_record(windows / f"step-{k:05d}.json") is not None}
