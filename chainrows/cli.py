@@ -4,7 +4,8 @@ Exit codes: 0 ran (masked rollouts included), 2 unusable input or bad arguments,
 error or the machine out of memory or disk (one line; set CHAINROWS_DEBUG=1 for the traceback;
 a failed write names the file), 130 interrupted, 143 terminated
 (SIGTERM, handled as an interrupt), 141 stdout closed by its reader (``| head``), as a tool killed
-by SIGPIPE. Every command that
+by SIGPIPE; a summary that cannot be written to stdout otherwise (a full disk) is 1, one line
+saying the output is committed (chainrows.stdout). Every command that
 writes follows one overwrite policy (chainrows.io.write.check_destination): an OUT holding a
 complete result is refused unless ``--overwrite``; what an interrupted run left is resumed or
 replaced; OUT and the input never nest.
@@ -22,6 +23,7 @@ import threading
 import time
 
 from chainrows import options
+from chainrows.stdout import print_summary
 
 DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
 EPILOG = ("exit codes: 0 ran (masked rollouts included), 2 unusable input or arguments (one line), "
@@ -323,9 +325,8 @@ def cmd_reassemble(a) -> int:
                            route=_forced_route(a), resume=a.resume, progress=a.progress)
     # kernels compiled after the warm-up (none known today) stay out of the throughput too
     summary.compile_seconds = max(summary.compile_seconds, compiling.seconds)
-    print(f"chainrows reassemble ({a.mode}) {a.dataset} -> {a.out}")
-    print(f"wrote {_wrote(a.out, OUTPUT_NAMES)}")
-    print(summary.format())
+    print_summary(f"chainrows reassemble ({a.mode}) {a.dataset} -> {a.out}", f"wrote {_wrote(a.out, OUTPUT_NAMES)}",
+                  summary.format())
     return 0
 
 
@@ -362,16 +363,13 @@ def cmd_synth(a) -> int:
                                logprobs=not a.no_logprobs, workers=a.workers or None,
                                overwrite=a.overwrite)
     dt = time.perf_counter() - t0
-    print(f"chainrows synth -> {a.out}")
-    print(f"wrote {_wrote(a.out, TABLES)}")
-    print(f"{'rollouts':<10} {info['rollouts']:,}")
-    print(f"{'corrupt':<10} {info['corrupt']:,}" + (f": {_synth_masks(info['kinds'])}" if info["corrupt"] else ""))
+    lines = [f"chainrows synth -> {a.out}", f"wrote {_wrote(a.out, TABLES)}", f"{'rollouts':<10} {info['rollouts']:,}",
+             f"{'corrupt':<10} {info['corrupt']:,}" + (f": {_synth_masks(info['kinds'])}" if info["corrupt"] else "")]
     if a.worker_rate or a.fork_rate:
-        print(f"{'':<10} workers and forks: broken_chain under --plan linear, ok under --plan forest")
-    for k in ("calls", "tokens"):
-        print(f"{k:<10} {info[k]:,}")
-    print(f"{'size':<10} {human_bytes(info['bytes'])}")
-    print(f"{'time':<10} {dt:.2f} s")
+        lines.append(f"{'':<10} workers and forks: broken_chain under --plan linear, ok under --plan forest")
+    lines += [f"{k:<10} {info[k]:,}" for k in ("calls", "tokens")]
+    lines += [f"{'size':<10} {human_bytes(info['bytes'])}", f"{'time':<10} {dt:.2f} s"]
+    print_summary(*lines)
     return 0
 
 
@@ -384,10 +382,9 @@ def cmd_import_jsonl(a) -> int:
     t0 = time.perf_counter()
     ledger, tokens, rollouts = import_jsonl(a.ledger, a.tokens, a.results)
     write_dataset_atomic(a.out, ledger, tokens, rollouts)
-    print(f"chainrows import-jsonl -> {a.out}")
-    print(f"wrote {_wrote(a.out, TABLES)}")
-    print(f"{'rollouts':<10} {rollouts.num_rows:,}\n{'calls':<10} {ledger.num_rows:,}\n"
-          f"{'tokens':<10} {tokens.num_rows:,} rows\n{'time':<10} {time.perf_counter() - t0:.2f} s")
+    print_summary(f"chainrows import-jsonl -> {a.out}", f"wrote {_wrote(a.out, TABLES)}",
+                  f"{'rollouts':<10} {rollouts.num_rows:,}\n{'calls':<10} {ledger.num_rows:,}\n"
+                  f"{'tokens':<10} {tokens.num_rows:,} rows\n{'time':<10} {time.perf_counter() - t0:.2f} s")
     return 0
 
 
@@ -405,9 +402,9 @@ def cmd_stats(a) -> int:
                       memory_budget=budget, progress=a.progress)
         fo = bulk.run(a.dataset, os.path.join(tmp, "forest"), options.Options(mode="cc", plan="forest"),
                       memory_budget=budget, progress=a.progress)
-    print(f"chainrows stats {a.dataset}")
-    print(f"input (uncompressed) {cc.input_bytes:,} bytes; rollouts {cc.rollouts:,}; calls {cc.calls:,}; "
-          f"orphan token rows {cc.orphan_token_rows:,}")
+    lines = [f"chainrows stats {a.dataset}",
+             f"input (uncompressed) {cc.input_bytes:,} bytes; rollouts {cc.rollouts:,}; calls {cc.calls:,}; "
+             f"orphan token rows {cc.orphan_token_rows:,}"]
     # cc is the linear plan; the forest plan (SPEC §3.1) is compared with it and with ordinary
     runs = (od, cc, fo)
     measures = [("rollouts ok", lambda s: s.ok), ("rollouts masked", lambda s: s.rollouts - s.ok),
@@ -417,13 +414,13 @@ def cmd_stats(a) -> int:
         o, c, f = (get(s) for s in runs)
         rows.append((name, o, c, c - o, f, f - c, f - o))
     for name, *vals in rows:
-        print(f"{name:<16}" + "".join(f"{v:>19,}" if isinstance(v, int) else f"{v:>19}" for v in vals))
+        lines.append(f"{name:<16}" + "".join(f"{v:>19,}" if isinstance(v, int) else f"{v:>19}" for v in vals))
     reasons = sorted(set(cc.reasons) | set(od.reasons) | set(fo.reasons))
     if reasons:
-        print(f"masked by reason{'ordinary':>18}{'cc':>16}{'forest':>16}")
-        for reason in reasons:
-            print(f"  {reason:<22}{od.reasons.get(reason, 0):>10,}{cc.reasons.get(reason, 0):>16,}"
-                  f"{fo.reasons.get(reason, 0):>16,}")
+        lines.append(f"masked by reason{'ordinary':>18}{'cc':>16}{'forest':>16}")
+        lines += [f"  {reason:<22}{od.reasons.get(reason, 0):>10,}{cc.reasons.get(reason, 0):>16,}"
+                  f"{fo.reasons.get(reason, 0):>16,}" for reason in reasons]
+    print_summary(*lines)
     return 0
 
 
@@ -483,6 +480,7 @@ def _main(argv) -> int:
         return 2
     from chainrows.io.errors import InputError, WriteError
     from chainrows.io.write import OutputExistsError
+    from chainrows.stdout import StdoutError, detach_stdout
 
     out = getattr(args, "out", None)
     fresh = out is not None and not os.path.lexists(out)  # an OUT this run makes
@@ -498,11 +496,13 @@ def _main(argv) -> int:
               f"({exc.marker.name}): pass --overwrite to replace it, or choose another OUT", file=sys.stderr)
         rc = 2
     except BrokenPipeError:  # stdout's reader left (``| head``): end as a tool killed by SIGPIPE
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
-        except OSError:
-            pass
+        detach_stdout()
         rc = 128 + 13
+    except StdoutError as exc:  # the summary, printed once the outputs are committed: not the input's fault
+        detach_stdout()
+        print(f"chainrows: error: {exc}; the run finished{f' and its output is in {out}' if out else ''}",
+              file=sys.stderr)
+        rc = 1
     except WriteError as exc:  # an output or work file of this run could not be written
         if exc.errno in _OUT_OF_ROOM and os.environ.get("CHAINROWS_DEBUG"):
             raise

@@ -578,6 +578,81 @@ def test_a_reader_that_closes_stdout_early_ends_the_run_as_sigpipe_would(good, t
     assert set(output_bytes(tmp_path / "out")) == OUTPUT_ENTRIES
 
 
+GYM_RAW = REPO / "examples" / "gym" / "raw"
+# argv of a command that commits an output, OUT for where it goes
+COMMITTING = {"reassemble": lambda good: ["reassemble", good, "OUT", "--no-progress"],
+              "export-gym": lambda good: ["export-gym", *(GYM_RAW / f"{n}.jsonl" for n in ("ledger", "tokens", "results")),
+                                          "OUT"]}
+
+
+def _committing(command: str, good: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "chainrows.cli"] + [str(out) if a == "OUT" else str(a)
+                                                       for a in COMMITTING[command](good)]
+
+
+def _assert_summary_lost_output_kept(p, command: str, out: Path, strerror: str) -> None:
+    assert p.returncode == 1, p.stderr
+    assert _one_line(p) == (f"chainrows: error: cannot write stdout: {strerror}; "
+                            f"the run finished and its output is in {out}"), p.stderr
+    if command == "reassemble":
+        assert set(output_bytes(out)) == OUTPUT_ENTRIES and sorted(os.listdir(out)) == sorted(OUTPUT_ENTRIES)
+    else:
+        assert sorted(os.listdir(out)) == ["receipts.jsonl", "results.jsonl", "staged.jsonl"]
+
+
+def _env(buffered: bool = True) -> dict:
+    """The real process's environment; ``buffered``: stdout block-buffered, as Python makes a
+    file or a pipe (PYTHONUNBUFFERED unset), else written through at each print."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("CHAINROWS_DEBUG", None)
+    env.pop("PYTHONUNBUFFERED", None)
+    return env if buffered else dict(env, PYTHONUNBUFFERED="1")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize("command", sorted(COMMITTING))
+def test_a_full_stdout_after_the_commit_is_not_blamed_on_the_input(good, tmp_path, command, buffered):
+    """`chainrows reassemble ... > /dev/full`: the outputs are committed before the summary is
+    printed, so a stdout that cannot be written is the machine's limit, as a full disk is:
+    exit 1, one line saying the output is in OUT. It was 'error: No space left on device',
+    exit 2, as if the input were unusable (stdout unbuffered), or the interpreter's
+    'Exception ignored' at exit and exit 120 (buffered: the summary was never flushed by the
+    run)."""
+    out = tmp_path / "out"
+    env = _env(buffered)
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(_committing(command, good, out), cwd=REPO, env=env, stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=600)
+    _assert_summary_lost_output_kept(p, command, out, "No space left on device")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE and SIGXFSZ as on Linux")
+def test_a_stdout_file_past_the_file_size_limit_fails_in_the_run_not_at_exit(good, tmp_path):
+    """stdout a regular file (block-buffered), already at the file-size limit: the summary is
+    flushed by the run, so the failure is its one line and exit 1, not the interpreter's
+    'Exception ignored' at exit and exit 120."""
+    import resource
+
+    limit = 1 << 20  # above every output file of this small run
+    env = _env()
+    warm = subprocess.run(_committing("reassemble", good, tmp_path / "warm"), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert warm.returncode == 0, warm.stderr  # the kernel cache is written before the limit applies
+    log = tmp_path / "log"
+    log.write_bytes(b"." * limit)
+
+    def file_size_limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    out = tmp_path / "out"
+    with open(log, "ab") as stdout:
+        p = subprocess.run(_committing("reassemble", good, out), cwd=REPO, env=env, stdout=stdout,
+                           stderr=subprocess.PIPE, text=True, timeout=600, preexec_fn=file_size_limit)
+    _assert_summary_lost_output_kept(p, "reassemble", out, "File too large")
+    assert log.stat().st_size == limit
+
+
 def test_a_fifo_among_a_tables_parts_is_refused_not_read(good, tmp_path):
     """A named pipe in a table directory would block the reader forever (a review's run hung
     until `timeout` killed it): it is refused up front, exit 2, one line naming it."""

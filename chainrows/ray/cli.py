@@ -83,6 +83,7 @@ def cmd_reassemble_ray(a, options) -> int:
     except ImportError as exc:
         print(f"chainrows: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    print(f"chainrows reassemble ({options.mode}) {a.dataset} -> {a.out}")
-    print(summary.format())
+    from chainrows.stdout import print_summary
+
+    print_summary(f"chainrows reassemble ({options.mode}) {a.dataset} -> {a.out}", summary.format())
     return 0

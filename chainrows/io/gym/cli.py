@@ -48,11 +48,10 @@ def cmd_import_gym(a: argparse.Namespace) -> int:
     summary = import_gym(a.dump, a.out, memory_budget=a.memory_budget or DEFAULT_BUDGET, threads=a.threads,
                          buckets=a.buckets)
     from chainrows.cli import _wrote
+    from chainrows.stdout import print_summary
 
-    print(f"chainrows import-gym {a.dump} -> {a.out}")
-    print(f"wrote {_wrote(a.out, TABLES)}")
-    print(summary.format())
-    print(f"{'time':<22} {time.perf_counter() - t0:.2f} s")
+    print_summary(f"chainrows import-gym {a.dump} -> {a.out}", f"wrote {_wrote(a.out, TABLES)}", summary.format(),
+                  f"{'time':<22} {time.perf_counter() - t0:.2f} s")
     return 0
 
 
@@ -70,13 +69,13 @@ def cmd_export_gym(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     counts = export_gym(a.ledger, a.tokens, a.results, a.out)
     from chainrows.progress import human_bytes
+    from chainrows.stdout import print_summary
 
-    print(f"chainrows export-gym -> {a.out}")
-    print("wrote " + ", ".join(f"{out / n} ({human_bytes((out / n).stat().st_size)})"
-                               for n in ("receipts.jsonl", "staged.jsonl", "results.jsonl")))
-    for key in ("rollouts", "calls", "staged"):
-        print(f"{key:<10} {counts[key]:,}")
-    print(f"{'time':<10} {time.perf_counter() - t0:.2f} s")
+    print_summary(f"chainrows export-gym -> {a.out}",
+                  "wrote " + ", ".join(f"{out / n} ({human_bytes((out / n).stat().st_size)})"
+                                       for n in ("receipts.jsonl", "staged.jsonl", "results.jsonl")),
+                  *(f"{key:<10} {counts[key]:,}" for key in ("rollouts", "calls", "staged")),
+                  f"{'time':<10} {time.perf_counter() - t0:.2f} s")
     return 0
 
 
