@@ -1,6 +1,7 @@
 """The CLI's exit codes and error lines (SPEC §7): exit 0 when it ran (masked rollouts
 included), exit 2 with exactly one line on stderr for unusable input, bad arguments or an
-output it cannot write; never a traceback, never exit 1, never a partial or damaged output.
+output it may not write (permission); exit 1 with one line when the machine runs out of memory,
+disk or stdout; never a traceback, never a partial or damaged output.
 
 Most cases run through the ``cli`` worker of test_fuzz.py (``chainrows.cli.main`` in a
 long-lived child process, fds 1/2 captured); a few run the real ``python -m chainrows.cli``.

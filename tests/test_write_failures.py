@@ -97,6 +97,29 @@ def test_stopped_while_partitioning_keeps_no_work_and_promises_no_resume(cli, go
     assert not out.exists()
 
 
+def test_no_room_for_the_partitioned_marker_names_it_and_exits_1(cli, good, tmp_path):
+    """The marker that partitioning finished is a file too: out of room (here: out of inodes)
+    while creating it is a failed write naming it, exit 1, not an unusable input."""
+    out = tmp_path / "out"
+    res = cli.exec(f"""
+import errno, pathlib
+from chainrows import cli
+original = pathlib.Path.touch
+def touch(self, *args, **kwargs):
+    if self.name == "partitioned":
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return original(self, *args, **kwargs)
+pathlib.Path.touch = touch
+try:
+    rc = cli.main({[str(a) for a in ["reassemble", good, out, "--buckets", "2"]]!r})
+finally:
+    pathlib.Path.touch = original
+""")
+    line = _one_error_line(res)
+    assert line.startswith(f"chainrows: error: cannot write {out / WORK / 'partitioned'}: No space left on device"), line
+    assert no_outputs(out)
+
+
 @pytest.mark.parametrize("step,kept", [(0, False), (1, True)])
 def test_full_disk_in_a_stream_keeps_the_work_once_a_window_is_finished(cli, tmp_path, step, kept):
     """The stream path: failing to keep its first window leaves nothing --resume reuses (the

@@ -13,6 +13,7 @@ from chainrows.api import Result
 from chainrows.bulk.runs import kept_record
 from chainrows.bulk.summary import Summary
 from chainrows.io.dataset import TABLES
+from chainrows.io.errors import writing
 from chainrows.io.memory import release_memory
 from chainrows.io.partition import SPILL_IPC, bucket_dir, partition, parts_intact, read_bucket
 from chainrows.io.write import write_json_atomic
@@ -40,7 +41,8 @@ def partition_once(dataset_dir, work: Path, buckets: int, batch_rows: int, buffe
         bar = Progress("partition", total, enabled=progress)
         partition(dataset_dir, spill, buckets, batch_rows, bar, buffer_bytes=buffer_bytes, ipc=ipc)
         bar.close()
-        (work / FINISHED).touch()
+        with writing(work / FINISHED):
+            (work / FINISHED).touch()
     return spill
 
 
