@@ -470,14 +470,13 @@ def _main(argv) -> int:
             _usage_error(args, message)
         parser.error(message)
     if args.version:
-        from chainrows import __version__
-
-        print(f"chainrows {__version__}")
-        return 0
-    if args.command is None:
+        command = _print_version
+    elif args.command is None:
         print(f"chainrows: error: a command is required: {', '.join(COMMANDS)} (see chainrows --help)",
               file=sys.stderr)
         return 2
+    else:
+        command = COMMANDS[args.command]
     from chainrows.io.errors import InputError, WriteError
     from chainrows.io.write import OutputExistsError
     from chainrows.stdout import StdoutError, detach_stdout
@@ -486,7 +485,7 @@ def _main(argv) -> int:
     fresh = out is not None and not os.path.lexists(out)  # an OUT this run makes
     rc = 1
     try:
-        rc = COMMANDS[args.command](args)
+        rc = command(args)
         return rc
     except InputError as exc:
         print(f"chainrows: error: {exc}", file=sys.stderr)
@@ -500,8 +499,8 @@ def _main(argv) -> int:
         rc = 128 + 13
     except StdoutError as exc:  # the summary, printed once the outputs are committed: not the input's fault
         detach_stdout()
-        print(f"chainrows: error: {exc}; the run finished{f' and its output is in {out}' if out else ''}",
-              file=sys.stderr)
+        done = "" if args.version else f"; the run finished{f' and its output is in {out}' if out else ''}"
+        print(f"chainrows: error: {exc}{done}", file=sys.stderr)
         rc = 1
     except WriteError as exc:  # an output or work file of this run could not be written
         if exc.errno in _OUT_OF_ROOM and os.environ.get("CHAINROWS_DEBUG"):
@@ -538,6 +537,14 @@ def _main(argv) -> int:
 # errnos of a write that failed for want of room (disk or quota full, file-size limit) or of
 # the device (an I/O error), not because of the input or the place asked for: exit 1, not 2
 _OUT_OF_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def _print_version(a) -> int:
+    from chainrows import __version__
+    from chainrows.stdout import print_summary
+
+    print_summary(f"chainrows {__version__}")
+    return 0
 
 
 def _no_output(a) -> str:

@@ -628,6 +628,14 @@ def test_a_full_stdout_after_the_commit_is_not_blamed_on_the_input(good, tmp_pat
     _assert_summary_lost_output_kept(p, command, out, "No space left on device")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_version_on_a_full_stdout_is_one_line_not_a_traceback(tmp_path):
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "chainrows", "--version"], cwd=REPO, stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 1 and p.stderr == "chainrows: error: cannot write stdout: No space left on device\n", p.stderr
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE and SIGXFSZ as on Linux")
 def test_a_stdout_file_past_the_file_size_limit_fails_in_the_run_not_at_exit(good, tmp_path):
     """stdout a regular file (block-buffered), already at the file-size limit: the summary is
