@@ -477,7 +477,7 @@ def _main(argv) -> int:
         return 2
     else:
         command = COMMANDS[args.command]
-    from chainrows.io.errors import InputError, WriteError
+    from chainrows.io.errors import InputError, WriteError, write_error
     from chainrows.io.write import OutputExistsError
     from chainrows.stdout import StdoutError, detach_stdout
 
@@ -503,14 +503,14 @@ def _main(argv) -> int:
         print(f"chainrows: error: {exc}{done}", file=sys.stderr)
         rc = 1
     except WriteError as exc:  # an output or work file of this run could not be written
-        if exc.errno in _OUT_OF_ROOM and os.environ.get("CHAINROWS_DEBUG"):
-            raise
-        print(f"chainrows: error: {exc}{_no_output(args)}", file=sys.stderr)
-        rc = 1 if exc.errno in _OUT_OF_ROOM else 2  # out of disk is the machine's limit, as out of memory
+        rc = _write_failed(exc, args)
     except OSError as exc:  # a path we cannot read or write: unusable input/output location
-        where = f": {exc.filename}" if exc.filename else ""
-        print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}", file=sys.stderr)
-        rc = 2
+        if exc.errno in _NO_ROOM:  # out of room making a directory or a lock file: a write too
+            rc = _write_failed(write_error(exc, exc.filename or out or "the output"), args)
+        else:
+            where = f": {exc.filename}" if exc.filename else ""
+            print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}", file=sys.stderr)
+            rc = 2
     except KeyboardInterrupt as exc:
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         print(f"chainrows: {what}{_no_output(args)}", file=sys.stderr)
@@ -536,12 +536,21 @@ def _main(argv) -> int:
 
 # errnos of a write that failed for want of room (disk or quota full, file-size limit) or of
 # the device (an I/O error), not because of the input or the place asked for: exit 1, not 2
-_OUT_OF_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # only a write gets these
+_OUT_OF_ROOM = _NO_ROOM | {errno.EIO}
+
+
+def _write_failed(exc, args) -> int:
+    """The one line of a failed write (a WriteError) and its exit code: 1 when the machine is out
+    of room or the disk failed (its limit, as out of memory), 2 otherwise (e.g. permission)."""
+    if os.environ.get("CHAINROWS_DEBUG"):
+        raise exc
+    print(f"chainrows: error: {exc}{_no_output(args)}", file=sys.stderr)
+    return 1 if exc.errno in _OUT_OF_ROOM else 2
 
 
 def _print_version(a) -> int:
     from chainrows import __version__
-    from chainrows.stdout import print_summary
 
     print_summary(f"chainrows {__version__}")
     return 0

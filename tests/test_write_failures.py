@@ -120,6 +120,38 @@ finally:
     assert no_outputs(out)
 
 
+def test_out_of_room_making_the_work_dir_is_a_failed_write(cli, good, tmp_path):
+    """A directory or lock file that cannot be made for want of room (out of inodes) is a
+    failed write like a file's: one line naming it, exit 1, not unusable input (exit 2)."""
+    out = tmp_path / "out"
+    res = cli.exec(f"""
+import errno, pathlib
+from chainrows import cli
+original = pathlib.Path.mkdir
+def mkdir(self, *args, **kwargs):
+    if self.name == ".chainrows-work":
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    return original(self, *args, **kwargs)
+pathlib.Path.mkdir = mkdir
+try:
+    rc = cli.main({[str(a) for a in ["reassemble", good, out, "--buckets", "2"]]!r})
+finally:
+    pathlib.Path.mkdir = original
+""")
+    line = _one_error_line(res)
+    assert line.startswith(f"chainrows: error: cannot write {out / WORK}: No space left on device"), line
+    assert no_outputs(out)
+
+
+def test_synth_full_disk_names_the_file_and_leaves_no_dataset(cli, tmp_path):
+    out = tmp_path / "synth"
+    res = cli.exec(_full_disk("pyarrow.parquet.ParquetWriter.write_table",
+                              ["synth", out, "--rollouts", "20", "--seed", "1"]))
+    line = _one_error_line(res)
+    assert re.match(rf"chainrows: error: cannot write {re.escape(str(out))}/\S+/ledger.parquet: No space left on device", line), line
+    assert not any((out / f"{t}.parquet").exists() for t in ("ledger", "tokens", "rollouts"))
+
+
 @pytest.mark.parametrize("step,kept", [(0, False), (1, True)])
 def test_full_disk_in_a_stream_keeps_the_work_once_a_window_is_finished(cli, tmp_path, step, kept):
     """The stream path: failing to keep its first window leaves nothing --resume reuses (the

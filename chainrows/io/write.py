@@ -404,7 +404,7 @@ def _make_locked_temp_dir(out_dir: Path) -> tuple[Path, int | None]:
             return tmp, os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fd = _flock(lock)
-        except OSError:
+        except (FileNotFoundError, BlockingIOError):  # a cleaner's doing: retry (out of room is not)
             fd = None
         if fd is not None:
             return tmp, fd

@@ -33,7 +33,8 @@ def connected(address: str | None, num_cpus: int | None = None, *, worker_logs: 
     if ray.is_initialized():
         yield ray
         return
-    # Ray's INFO lines would bury chainrows' own output; its warnings and progress bars stay
+    # Ray's INFO lines would bury chainrows' own output (the CLI hides its warnings too while a
+    # job runs: chainrows.ray.cli.quiet_logs); its progress bars stay
     kwargs = {"include_dashboard": False, "log_to_driver": worker_logs, "logging_level": logging.WARNING}
     if address is None:
         ray.init(address="local", num_cpus=num_cpus, **kwargs)

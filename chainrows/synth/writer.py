@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from chainrows.io.dataset import TABLES
+from chainrows.io.errors import writing
 from chainrows.io.write import AtomicOutput, check_destination
 from chainrows.synth.batches import _iter
 from chainrows.synth.params import DEFAULT_BATCH_ROLLOUTS, DEFAULTS
@@ -48,12 +49,15 @@ def write_synth_dataset(
     schemas = tables_schemas(kw.get("logprobs", DEFAULTS.logprobs))
     with AtomicOutput(out, names=TABLES) as staged:
         paths = [staged.reserve_file(n) for n in TABLES]
-        with ExitStack() as stack:
-            writers = [stack.enter_context(pq.ParquetWriter(path, schema, compression=compression))
-                       for path, schema in zip(paths, schemas)]
+        with writing(out), ExitStack() as stack:  # closing a writer writes its footer
+            writers = []
+            for path, schema in zip(paths, schemas):
+                with writing(path):
+                    writers.append(stack.enter_context(pq.ParquetWriter(path, schema, compression=compression)))
             for tables, stats in _iter(n_rollouts, seed, batch_rollouts, kw, workers):
-                for w, t in zip(writers, tables):
-                    w.write_table(t)
+                for path, w, t in zip(paths, writers, tables):
+                    with writing(path):
+                        w.write_table(t)
                 for k in summary:
                     summary[k] += stats[k]
                 kinds.update(stats["kinds"])
