@@ -1118,6 +1118,10 @@ def test_batch_validate_refuses_out_of_bounds_arrays():
         "wrong dtype": (replace("delta_len", good.delta_len.astype(np.int32)), "delta_len"),
         "not contiguous": (replace("prev_len", np.repeat(good.prev_len, 2)[::2]), "prev_len"),
         "2-D": (replace("chain_hash", good.chain_hash.reshape(1, -1)), "chain_hash"),
+        "item_ids past the outputs": (bump("item_ids", 0, len(good.out_keys)), "item_ids"),
+        "item_ids below the sentinels": (bump("item_ids", 0, -3), "item_ids"),
+        "out_ids past the outputs": (bump("out_ids", 0, 2**40), "out_ids"),
+        "out_ids below null": (bump("out_ids", 0, -2), "out_ids"),
     }
     if len(good.acc_call):
         cases["acc_call outside"] = (bump("acc_call", 0, C + 1), "acc_call")

@@ -112,6 +112,9 @@ class Batch:
         _check_len("cand_hash", self.cand_hash, len(self.cand_call))
         _check_offsets("key_off", self.key_off, len(self.item_keys), C)
         _check_len("item_ids", self.item_ids, len(self.item_keys))
+        # id codes index the outputs (select.serving_index, its lookup of a window's served id)
+        _check_codes("out_ids", self.out_ids, -1, len(self.out_keys))
+        _check_codes("item_ids", self.item_ids, NO_OUTPUT, len(self.out_keys))
         owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.call_off))
         _check_same_rollout("parent", self.parent, owner, self.call_off, allow=(ROOT, MISSING))
         _check_same_rollout("terminal", self.terminal, np.arange(R), self.call_off, allow=(ROOT, MISSING))
@@ -170,6 +173,12 @@ def _check_buffers(batch: Batch) -> None:
 def _check_len(name, arr, n) -> None:
     if len(arr) != n:
         raise ValueError(f"{name}: length {len(arr)}, expected {n}")
+
+
+def _check_codes(name, codes, low, n) -> None:
+    """Every code in [low, n): the sentinels from ``low`` up, else an index below ``n``."""
+    if len(codes) and (codes.min() < low or codes.max() >= n):
+        raise ValueError(f"{name}: a code outside [{low}, {n})")
 
 
 def _check_offsets(name, off, total, owners=None) -> None:
