@@ -97,59 +97,31 @@ def test_stopped_while_partitioning_keeps_no_work_and_promises_no_resume(cli, go
     assert not out.exists()
 
 
-def test_no_room_for_the_partitioned_marker_names_it_and_exits_1(cli, good, tmp_path):
-    """The marker that partitioning finished is a file too: out of room (here: out of inodes)
-    while creating it is a failed write naming it, exit 1, not an unusable input."""
+@pytest.mark.parametrize("method,name,named", [("touch", "partitioned", False), ("mkdir", ".chainrows-work", True)],
+                         ids=["partitioned marker", "work dir"])
+def test_out_of_room_making_a_marker_or_directory_is_a_failed_write(cli, good, tmp_path, method, name, named):
+    """A marker file or a directory that cannot be made for want of room (out of inodes) is a
+    failed write like a file's: one line naming it, exit 1, not unusable input (exit 2).
+    ``named``: the OSError names the path (mkdir's does), else only the writer knows it."""
     out = tmp_path / "out"
     res = cli.exec(f"""
 import errno, pathlib
 from chainrows import cli
-original = pathlib.Path.touch
-def touch(self, *args, **kwargs):
-    if self.name == "partitioned":
-        raise OSError(errno.ENOSPC, "No space left on device")
+original = pathlib.Path.{method}
+def fail(self, *args, **kwargs):
+    if self.name == {name!r}:
+        raise OSError(errno.ENOSPC, "No space left on device", *([str(self)] if {named!r} else []))
     return original(self, *args, **kwargs)
-pathlib.Path.touch = touch
+pathlib.Path.{method} = fail
 try:
     rc = cli.main({[str(a) for a in ["reassemble", good, out, "--buckets", "2"]]!r})
 finally:
-    pathlib.Path.touch = original
+    pathlib.Path.{method} = original
 """)
     line = _one_error_line(res)
-    assert line.startswith(f"chainrows: error: cannot write {out / WORK / 'partitioned'}: No space left on device"), line
+    path = out / WORK / "partitioned" if name == "partitioned" else out / WORK
+    assert line.startswith(f"chainrows: error: cannot write {path}: No space left on device"), line
     assert no_outputs(out)
-
-
-def test_out_of_room_making_the_work_dir_is_a_failed_write(cli, good, tmp_path):
-    """A directory or lock file that cannot be made for want of room (out of inodes) is a
-    failed write like a file's: one line naming it, exit 1, not unusable input (exit 2)."""
-    out = tmp_path / "out"
-    res = cli.exec(f"""
-import errno, pathlib
-from chainrows import cli
-original = pathlib.Path.mkdir
-def mkdir(self, *args, **kwargs):
-    if self.name == ".chainrows-work":
-        raise OSError(errno.ENOSPC, "No space left on device", str(self))
-    return original(self, *args, **kwargs)
-pathlib.Path.mkdir = mkdir
-try:
-    rc = cli.main({[str(a) for a in ["reassemble", good, out, "--buckets", "2"]]!r})
-finally:
-    pathlib.Path.mkdir = original
-""")
-    line = _one_error_line(res)
-    assert line.startswith(f"chainrows: error: cannot write {out / WORK}: No space left on device"), line
-    assert no_outputs(out)
-
-
-def test_synth_full_disk_names_the_file_and_leaves_no_dataset(cli, tmp_path):
-    out = tmp_path / "synth"
-    res = cli.exec(_full_disk("pyarrow.parquet.ParquetWriter.write_table",
-                              ["synth", out, "--rollouts", "20", "--seed", "1"]))
-    line = _one_error_line(res)
-    assert re.match(rf"chainrows: error: cannot write {re.escape(str(out))}/\S+/ledger.parquet: No space left on device", line), line
-    assert not any((out / f"{t}.parquet").exists() for t in ("ledger", "tokens", "rollouts"))
 
 
 @pytest.mark.parametrize("step,kept", [(0, False), (1, True)])
