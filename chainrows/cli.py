@@ -23,7 +23,7 @@ import threading
 import time
 
 from chainrows import options
-from chainrows.stdout import print_summary
+from chainrows.stdout import StdoutError, detach_stdout, print_summary
 
 DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
 EPILOG = ("exit codes: 0 ran (masked rollouts included), 2 unusable input or arguments (one line), "
@@ -479,7 +479,6 @@ def _main(argv) -> int:
         command = COMMANDS[args.command]
     from chainrows.io.errors import InputError, WriteError, write_error
     from chainrows.io.write import OutputExistsError
-    from chainrows.stdout import StdoutError, detach_stdout
 
     out = getattr(args, "out", None)
     fresh = out is not None and not os.path.lexists(out)  # an OUT this run makes

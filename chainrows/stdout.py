@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from chainrows.io.errors import os_message
+
 
 class StdoutError(OSError):
     """stdout could not be written, with the OS error ``errno``; ``str(err)`` is one line,
@@ -32,8 +34,7 @@ def print_summary(*lines: str) -> None:
     except BrokenPipeError:
         raise
     except OSError as exc:
-        strerror = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
-        raise StdoutError(exc.errno, strerror) from exc
+        raise StdoutError(exc.errno, os_message(exc)) from exc
 
 
 def detach_stdout() -> None:

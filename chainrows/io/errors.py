@@ -70,5 +70,10 @@ def write_error(exc: OSError, path: str | os.PathLike) -> WriteError:
     ``path`` (for a write too hot for a ``with`` block per call; raise it ``from exc``)."""
     if isinstance(exc, WriteError):
         return exc
-    strerror = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
-    return WriteError(exc.errno, strerror, str(exc.filename or path))
+    return WriteError(exc.errno, os_message(exc), str(exc.filename or path))
+
+
+def os_message(exc: OSError) -> str:
+    """The OS's one-line text for ``exc``'s errno (pyarrow's own wording, which names neither
+    file nor call, only when there is no errno)."""
+    return os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
