@@ -79,7 +79,7 @@ def dataset(shape: str, gb: float, seed: int = 0) -> Path:
 
 def _cli(src: Path, out: Path, extra=()) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-c", "import sys; from chainrows.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", "import sys; from chainrows.cli import console_main; sys.exit(console_main())",
            "reassemble", str(src), str(out), "--no-progress", *extra]
     t0 = time.perf_counter()
     p = subprocess.run(["/usr/bin/env", *cmd], capture_output=True, text=True, env=common.probe_env())

@@ -451,6 +451,38 @@ def _catch_sigterm():
     return signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+class _NoPandas:
+    """A meta path finder that refuses to import pandas (:func:`console_main`)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("pandas is kept out of the chainrows command's process", name=name)
+        return None
+
+
+_OWN_PROCESS = False  # set by console_main: the process runs this one command
+
+
+def console_main() -> int:
+    """The ``chainrows`` command and ``python -m chainrows``: :func:`main` in a process of its
+    own. There, unless the command needs Ray Data (``--ray``, which uses pandas), pandas is kept
+    out of the process: pyarrow imports it, when it is installed, on the first ``pa.array``
+    call, only to ask whether the argument is a pandas object, and that import costs every
+    command 0.2-0.4 s and ~30 MB of resident memory (docs/decisions-io.md "pandas"). In-process
+    callers of :func:`main` (tests, notebooks) keep their pandas."""
+    global _OWN_PROCESS
+    _OWN_PROCESS = True
+    return main()
+
+
+def _keep_pandas_out(args: argparse.Namespace) -> None:
+    """In :func:`console_main`'s process, for a command without ``--ray``: a later
+    ``import pandas`` fails (pyarrow then does without it)."""
+    if _OWN_PROCESS and getattr(args, "ray", None) is None and "pandas" not in sys.modules \
+            and not any(isinstance(f, _NoPandas) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoPandas())
+
+
 def main(argv=None) -> int:
     """Run one command; returns its exit code (0, 1, 2, 130 or 143, see the module docstring)."""
     previous = _catch_sigterm()
@@ -477,6 +509,7 @@ def _main(argv) -> int:
         return 2
     else:
         command = COMMANDS[args.command]
+    _keep_pandas_out(args)
     from chainrows.io.errors import InputError, WriteError, write_error
     from chainrows.io.write import OutputExistsError
 
@@ -594,4 +627,4 @@ def _remove_if_empty(path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from test_fuzz import (  # noqa: F401  (cli is a fixture)
@@ -681,7 +682,6 @@ def test_a_fifo_among_a_tables_parts_is_refused_not_read(good, tmp_path):
 def test_out_of_memory_while_reading_is_not_blamed_on_the_input(good, tmp_path, monkeypatch, capsys):
     """pyarrow's ArrowMemoryError is an ArrowException too: it was reported as an unreadable
     file (exit 2). It is the machine's limit: exit 1, one line saying so."""
-    import pyarrow.parquet as pq
 
     from chainrows.cli import main
 
@@ -698,7 +698,6 @@ def test_out_of_memory_while_reading_is_not_blamed_on_the_input(good, tmp_path, 
 def test_no_std_on_rewards_beyond_float32_saturates_without_a_numpy_warning(tmp_path):
     """--no-std on rewards beyond float32: the advantages saturate at ±float32 max, in the
     report and on the rows (they were ±inf, and numpy's overflow warning reached stderr)."""
-    import pyarrow.parquet as pq
 
     from chainrows.synth import write_synth_dataset
 
@@ -718,3 +717,42 @@ def test_no_std_on_rewards_beyond_float32_saturates_without_a_numpy_warning(tmp_
     assert all(math.isfinite(a) for a in adv.values())
     rows = pq.read_table(tmp_path / "out" / "rows", columns=["rollout_id", "advantage"])
     assert all(a == adv[r] for r, a in zip(rows["rollout_id"].to_pylist(), rows["advantage"].to_pylist()))
+
+
+# ----------------------------------------------------------------------------- pandas
+
+def test_the_command_keeps_pandas_out_of_its_process(good, tmp_path):
+    """``python -m chainrows`` (as the ``chainrows`` script) runs a whole reassembly without
+    pandas, which pyarrow would otherwise import on its first ``pa.array``."""
+    pytest.importorskip("pandas")  # without it there is nothing to keep out
+    out = tmp_path / "out"
+    code = ("import atexit, runpy, sys\n"
+            "atexit.register(lambda: print('pandas imported:', 'pandas' in sys.modules))\n"
+            f"sys.argv = ['chainrows', 'reassemble', {str(good)!r}, {str(out)!r}]\n"
+            "runpy.run_module('chainrows', run_name='__main__')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert p.stdout.splitlines()[-1] == "pandas imported: False", p.stdout
+    assert pq.read_table(out / "rows").num_rows > 0
+
+
+def test_pandas_is_kept_out_only_of_the_commands_own_process_without_ray(monkeypatch):
+    import argparse
+
+    from chainrows import cli as cli_module
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delitem(sys.modules, "pandas", raising=False)
+    no_ray, ray = argparse.Namespace(ray=None), argparse.Namespace(ray="")
+    monkeypatch.setattr(cli_module, "_OWN_PROCESS", False)  # main() called in a caller's process
+    cli_module._keep_pandas_out(no_ray)
+    monkeypatch.setattr(cli_module, "_OWN_PROCESS", True)
+    cli_module._keep_pandas_out(ray)  # Ray Data needs pandas
+    assert not any(isinstance(f, cli_module._NoPandas) for f in sys.meta_path)
+    cli_module._keep_pandas_out(no_ray)
+    cli_module._keep_pandas_out(argparse.Namespace())  # a command without --ray
+    assert sum(isinstance(f, cli_module._NoPandas) for f in sys.meta_path) == 1
+    with pytest.raises(ModuleNotFoundError):
+        import pandas  # noqa: F401
+    assert pa.array(np.arange(3)).to_pylist() == [0, 1, 2]  # pyarrow does without it
