@@ -552,13 +552,13 @@ def _main(argv) -> int:
             raise
         detail = " ".join(str(exc).split())
         print(f"chainrows: error: out of memory{f' ({detail})' if detail else ''}: give the run a "
-              f"--memory-budget within what this machine has free", file=sys.stderr)
+              f"--memory-budget within what this machine has free{_left_behind(args)}", file=sys.stderr)
         rc = 1
     except Exception as exc:  # one line, never a traceback at the CLI
         if os.environ.get("CHAINROWS_DEBUG"):
             raise
         msg = " ".join(str(exc).split())
-        print(f"chainrows: internal error: {type(exc).__name__}: {msg}", file=sys.stderr)
+        print(f"chainrows: internal error: {type(exc).__name__}: {msg}{_left_behind(args)}", file=sys.stderr)
         rc = 1
     finally:
         if rc != 0 and fresh:
@@ -604,18 +604,22 @@ def _work_dir(a) -> str | None:
 
 
 def _left_behind(a) -> str:
-    """For the interrupted or failed-write message: the finished work a rerun with --resume
-    reuses; nothing when there is none (the run removes its own work that holds none)."""
+    """For the message of a run that stopped (interrupted, a failed write, out of memory, an
+    internal error): the finished work a rerun with --resume reuses; nothing when there is none
+    (the run removes its own work that holds none) or it cannot be looked at."""
     from pathlib import Path
 
     from chainrows.bulk.job import holds_finished_work
     from chainrows.progress import human_bytes
 
     work = _work_dir(a)
-    if work is None or not holds_finished_work(Path(work)):
+    try:
+        if work is None or not holds_finished_work(Path(work)):
+            return ""
+        size = human_bytes(_size(work))
+    except OSError:  # the message must still be one line, whatever the disk does
         return ""
-    return (f"; {work} keeps {human_bytes(_size(work))} of finished work: run the same command "
-            f"with --resume to reuse it, or delete it")
+    return f"; {work} keeps {size} of finished work: run the same command with --resume to reuse it, or delete it"
 
 
 def _remove_if_empty(path) -> None:

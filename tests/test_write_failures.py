@@ -300,3 +300,36 @@ def test_file_size_limit_in_the_real_process_of_the_gym_commands(tmp_path, argv)
     m = re.fullmatch(r"chainrows: error: cannot write (\S+): File too large; no output written", line)
     assert m and Path(m[1]).is_relative_to(out), line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("error, start", [
+    ("MemoryError('malloc of size 4096 failed')",
+     "chainrows: error: out of memory (malloc of size 4096 failed): give the run a --memory-budget"),
+    ("RuntimeError('a bug')", "chainrows: internal error: RuntimeError: a bug"),
+])
+def test_a_run_that_stops_on_memory_or_a_bug_says_what_resume_keeps(cli, good, tmp_path, error, start):
+    """Out of memory or an internal error after the spill path finished partitioning: one line,
+    exit 1, and the finished work a rerun with --resume reuses (which then gives the bytes of
+    an uninterrupted run), as an interrupt or a failed write says it."""
+    out = tmp_path / "out"
+    res = cli.exec(f"""
+import chainrows.bulk.job
+from chainrows import cli
+original = chainrows.bulk.job._merge
+def fail(*args, **kwargs):
+    raise {error}
+chainrows.bulk.job._merge = fail
+try:
+    rc = cli.main({[str(a) for a in ("reassemble", good, out, "--buckets", "2")]!r})
+finally:
+    chainrows.bulk.job._merge = original
+""")
+    lines = res.stderr.splitlines()
+    assert res.rc == 1 and len(lines) == 1 and "Traceback" not in res.stderr, str(res)
+    assert lines[0].startswith(start), lines[0]
+    assert re.search(rf"; {re.escape(str(out / WORK))} keeps [\d.]+ [KMG]?B of finished work: run the same "
+                     r"command with --resume to reuse it, or delete it$", lines[0]), lines[0]
+    assert no_outputs(out)
+    assert_ran(cli.run("reassemble", good, out, "--buckets", "2", "--resume"))
+    assert_ran(cli.run("reassemble", good, tmp_path / "whole", "--buckets", "2"))
+    assert output_bytes(out) == output_bytes(tmp_path / "whole") and not (out / WORK).exists()
