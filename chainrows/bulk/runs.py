@@ -166,9 +166,10 @@ def run_schema(path: Path) -> pa.Schema:
 
 
 def merge_tree(files: list[Path], writer, batch_rows: int, fan_in: int, scratch: Path,
-               release: bool = False, ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS) -> None:
+               release: bool = False, ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS, flush_bytes: int = 0) -> None:
     """Merge sorted runs into ``writer``, at most ``fan_in`` open at once (extra levels through
-    intermediate runs of ``batch_rows``-row batches, written with ``ipc``, when there are more)."""
+    intermediate runs of ``batch_rows``-row batches, written with ``ipc``, when there are more);
+    ``release`` and ``flush_bytes`` as :func:`merge_sorted` has them."""
     level = 0
     while len(files) > fan_in:
         scratch.mkdir(parents=True, exist_ok=True)
@@ -177,23 +178,30 @@ def merge_tree(files: list[Path], writer, batch_rows: int, fan_in: int, scratch:
             group = files[i:i + fan_in]
             path = scratch / f"run-{level}-{i // fan_in:05d}{RUN_SUFFIX}"
             with RunWriter(path, run_schema(group[0]), batch_rows, ipc=ipc) as w:
-                merge_sorted(group, w, release)
+                merge_sorted(group, w, release, flush_bytes)
             if level:  # intermediate runs only: the first level's inputs stay for --resume
                 for f in group:
                     Path(f).unlink(missing_ok=True)
             merged.append(path)
         files, level = merged, level + 1
-    merge_sorted(files, writer, release)
+    merge_sorted(files, writer, release, flush_bytes)
 
 
-def merge_sorted(files: list[Path], writer, release: bool = False) -> None:
+def merge_sorted(files: list[Path], writer, release: bool = False, flush_bytes: int = 0) -> None:
     """k-way merge of runs sorted by rollout_id (ids disjoint across runs), a step at a time:
-    each step emits, sorted, the rows of every open run up to the smallest last id buffered.
-    The writer gathers them with its row groups (``write_taken``), except with ``release``
-    (tight budgets): then each step's rows are copied out at once, so that the step's run
-    batches are not held by a pending row group, and freed memory is handed back to the OS."""
+    each step takes the rows of every open run up to the smallest last id buffered. The steps'
+    rows go to the writer sorted, together once they hold ``flush_bytes`` (0: after every step),
+    so that the per-call work of a write is not paid per step: under a tight budget run batches
+    are a row or two, and so is a step. The writer gathers them with its row groups
+    (``write_taken``), except with ``release`` (tight budgets): then the rows are copied out at
+    once, so that their run batches are not held by a pending row group, and freed memory is
+    handed back to the OS. Each buffer's first and last id are read once, when it changes: a
+    step compares Python strings (code point order is UTF-8 byte order), and searches only the
+    buffers that hold ids past the bound."""
     iters = [run_batches(f) for f in files]
     bufs: list[pa.Table | None] = [None] * len(iters)
+    first: list[str] = [""] * len(iters)
+    last: list[str] = [""] * len(iters)
 
     def refill(i):
         while bufs[i] is None or bufs[i].num_rows == 0:
@@ -202,28 +210,53 @@ def merge_sorted(files: list[Path], writer, release: bool = False) -> None:
                 bufs[i] = None
                 return
             bufs[i] = pa.Table.from_batches([nxt])
+        ids = bufs[i]["rollout_id"]
+        first[i], last[i] = ids[0].as_py(), ids[-1].as_py()
 
-    for i in range(len(iters)):
-        refill(i)
-    while any(b is not None for b in bufs):
-        live = [i for i, b in enumerate(bufs) if b is not None]
-        bound = min(bufs[i]["rollout_id"][-1].as_py() for i in live)
-        pieces = []
-        for i in live:
-            n = rows_up_to(bufs[i]["rollout_id"], bound)
-            if n:
-                pieces.append(bufs[i].slice(0, n))
-                bufs[i] = bufs[i].slice(n)
-            refill(i)
-        merged = pa.concat_tables(pieces)
+    pending: list[pa.Table] = []
+    pending_bytes = 0
+
+    def flush():
+        nonlocal pending, pending_bytes
+        if not pending:
+            return
+        merged = pa.concat_tables(pending)
+        pending, pending_bytes = [], 0
         keys = [("rollout_id", "ascending")] + ([("segment", "ascending")] if "segment" in merged.column_names else [])
         order = pc.sort_indices(merged.select([k for k, _ in keys]), sort_keys=keys).to_numpy()
-        if release:  # a tight budget: this step's run batches are freed now, not with the group
+        if release:  # a tight budget: these rows' run batches are freed now, not with the group
             writer.write(take_rows(merged, order))
-            del merged, pieces
+            del merged
             release_memory()
         else:
             writer.write_taken(merged, order)
+
+    for i in range(len(iters)):
+        refill(i)
+    live = [i for i, b in enumerate(bufs) if b is not None]
+    while live:
+        bound = min(last[i] for i in live)
+        took = False
+        for i in live:
+            if first[i] > bound:
+                continue
+            n = bufs[i].num_rows if last[i] <= bound else rows_up_to(bufs[i]["rollout_id"], bound)
+            took = took or n > 0
+            piece = bufs[i].slice(0, n)
+            pending.append(piece)
+            pending_bytes += piece.nbytes
+            bufs[i] = bufs[i].slice(n)
+            if bufs[i].num_rows:
+                first[i] = bufs[i]["rollout_id"][0].as_py()
+            else:
+                refill(i)
+        if not took:  # the buffer that ends at the bound gave no row: its run is not sorted
+            stuck = files[min(live, key=lambda i: last[i])]
+            raise RuntimeError(f"merge: the run {stuck} is not sorted by rollout_id")
+        live = [i for i in live if bufs[i] is not None]
+        if pending_bytes >= flush_bytes:
+            flush()
+    flush()
 
 
 def rows_up_to(ids: pa.ChunkedArray, bound: str) -> int:
