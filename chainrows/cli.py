@@ -460,40 +460,40 @@ class _NoPandas:
         return None
 
 
-_OWN_PROCESS = False  # set by console_main: the process runs this one command
-
-
 def console_main() -> int:
     """The ``chainrows`` command and ``python -m chainrows``: :func:`main` in a process of its
     own. There, unless the command needs Ray Data (``--ray``, which uses pandas), pandas is kept
     out of the process: pyarrow imports it, when it is installed, on the first ``pa.array``
     call, only to ask whether the argument is a pandas object, and that import costs every
-    command 0.2-0.4 s and ~30 MB of resident memory (docs/decisions-io.md "pandas"). In-process
-    callers of :func:`main` (tests, notebooks) keep their pandas."""
-    global _OWN_PROCESS
-    _OWN_PROCESS = True
-    return main()
+    command 0.2-0.4 s and ~30 MB of resident memory (docs/decisions-io.md "pandas"). Callers
+    of :func:`main` in a process of their own (tests, notebooks) keep their pandas."""
+    return main(own_process=True)
 
 
-def _keep_pandas_out(args: argparse.Namespace) -> None:
-    """In :func:`console_main`'s process, for a command without ``--ray``: a later
-    ``import pandas`` fails (pyarrow then does without it)."""
-    if _OWN_PROCESS and getattr(args, "ray", None) is None and "pandas" not in sys.modules \
-            and not any(isinstance(f, _NoPandas) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoPandas())
+def _keep_pandas_out(args: argparse.Namespace) -> _NoPandas | None:
+    """For a command without ``--ray``, while pandas is not imported: a :class:`_NoPandas`
+    finder put first in ``sys.meta_path`` (a later ``import pandas`` fails, and pyarrow does
+    without it); returned so that the caller removes it. Otherwise None."""
+    if getattr(args, "ray", None) is not None or "pandas" in sys.modules:
+        return None
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    return finder
 
 
-def main(argv=None) -> int:
-    """Run one command; returns its exit code (0, 1, 2, 130 or 143, see the module docstring)."""
+def main(argv=None, *, own_process: bool = False) -> int:
+    """Run one command; returns its exit code (0, 1, 2, 130 or 143, see the module docstring).
+    ``own_process``: the process runs this one command (:func:`console_main`), so pandas may be
+    kept out of it while the command runs."""
     previous = _catch_sigterm()
     try:
-        return _main(argv)
+        return _main(argv, own_process)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _main(argv) -> int:
+def _main(argv, own_process: bool = False) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the error points at the help of the command they were given to
@@ -509,7 +509,7 @@ def _main(argv) -> int:
         return 2
     else:
         command = COMMANDS[args.command]
-    _keep_pandas_out(args)
+    finder = _keep_pandas_out(args) if own_process else None
     from chainrows.io.errors import InputError, WriteError, write_error
     from chainrows.io.write import OutputExistsError
 
@@ -563,6 +563,8 @@ def _main(argv) -> int:
     finally:
         if rc != 0 and fresh:
             _remove_if_empty(out)
+        if finder is not None and finder in sys.meta_path:
+            sys.meta_path.remove(finder)
     return rc
 
 
@@ -607,17 +609,20 @@ def _left_behind(a) -> str:
     """For the message of a run that stopped (interrupted, a failed write, out of memory, an
     internal error): the finished work a rerun with --resume reuses; nothing when there is none
     (the run removes its own work that holds none) or it cannot be looked at."""
-    from pathlib import Path
+    try:  # only extra words on the one line: whatever fails here (the disk, or the very import
+        # that made the internal error) must not turn that line into a traceback
+        work = _work_dir(a)
+        if work is None:
+            return ""
+        from pathlib import Path
 
-    from chainrows.bulk.job import holds_finished_work
-    from chainrows.progress import human_bytes
+        from chainrows.bulk.job import holds_finished_work
+        from chainrows.progress import human_bytes
 
-    work = _work_dir(a)
-    try:
-        if work is None or not holds_finished_work(Path(work)):
+        if not holds_finished_work(Path(work)):
             return ""
         size = human_bytes(_size(work))
-    except OSError:  # the message must still be one line, whatever the disk does
+    except Exception:  # noqa: BLE001
         return ""
     return f"; {work} keeps {size} of finished work: run the same command with --resume to reuse it, or delete it"
 

@@ -721,7 +721,8 @@ def test_no_std_on_rewards_beyond_float32_saturates_without_a_numpy_warning(tmp_
 
 # ----------------------------------------------------------------------------- pandas
 
-def test_the_command_keeps_pandas_out_of_its_process(good, tmp_path):
+@pytest.mark.parametrize("module", ["chainrows", "chainrows.cli"])
+def test_the_command_keeps_pandas_out_of_its_process(good, tmp_path, module):
     """``python -m chainrows`` (as the ``chainrows`` script) runs a whole reassembly without
     pandas, which pyarrow would otherwise import on its first ``pa.array``."""
     pytest.importorskip("pandas")  # without it there is nothing to keep out
@@ -729,7 +730,7 @@ def test_the_command_keeps_pandas_out_of_its_process(good, tmp_path):
     code = ("import atexit, runpy, sys\n"
             "atexit.register(lambda: print('pandas imported:', 'pandas' in sys.modules))\n"
             f"sys.argv = ['chainrows', 'reassemble', {str(good)!r}, {str(out)!r}]\n"
-            "runpy.run_module('chainrows', run_name='__main__')\n")
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0 and p.stderr == "", p.stderr
@@ -737,22 +738,25 @@ def test_the_command_keeps_pandas_out_of_its_process(good, tmp_path):
     assert pq.read_table(out / "rows").num_rows > 0
 
 
-def test_pandas_is_kept_out_only_of_the_commands_own_process_without_ray(monkeypatch):
+def test_pandas_is_kept_out_only_while_the_commands_own_process_runs_without_ray(monkeypatch):
     import argparse
 
     from chainrows import cli as cli_module
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delitem(sys.modules, "pandas", raising=False)
-    no_ray, ray = argparse.Namespace(ray=None), argparse.Namespace(ray="")
-    monkeypatch.setattr(cli_module, "_OWN_PROCESS", False)  # main() called in a caller's process
-    cli_module._keep_pandas_out(no_ray)
-    monkeypatch.setattr(cli_module, "_OWN_PROCESS", True)
-    cli_module._keep_pandas_out(ray)  # Ray Data needs pandas
-    assert not any(isinstance(f, cli_module._NoPandas) for f in sys.meta_path)
-    cli_module._keep_pandas_out(no_ray)
-    cli_module._keep_pandas_out(argparse.Namespace())  # a command without --ray
-    assert sum(isinstance(f, cli_module._NoPandas) for f in sys.meta_path) == 1
+    before = list(sys.meta_path)
+    assert cli_module._keep_pandas_out(argparse.Namespace(ray="")) is None  # Ray Data needs pandas
+    assert sys.meta_path == before
+    finder = cli_module._keep_pandas_out(argparse.Namespace())  # a command without --ray
+    assert sys.meta_path[0] is finder
     with pytest.raises(ModuleNotFoundError):
         import pandas  # noqa: F401
-    assert pa.array(np.arange(3)).to_pylist() == [0, 1, 2]  # pyarrow does without it
+    sys.meta_path.remove(finder)
+    assert cli_module.main(["--version"]) == 0  # a caller's own process: nothing installed
+    assert sys.meta_path == before
+    seen = []
+    monkeypatch.setattr(cli_module, "_print_version",
+                        lambda a: seen.append(any(isinstance(f, cli_module._NoPandas) for f in sys.meta_path)) or 0)
+    assert cli_module.main(["--version"], own_process=True) == 0
+    assert seen == [True] and sys.meta_path == before  # in place while the command ran, then removed

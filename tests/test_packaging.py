@@ -24,6 +24,12 @@ def test_license_is_the_full_apache_2_text():
     assert meta["project"]["license"] == {"text": "Apache-2.0"}
 
 
+def test_the_chainrows_script_is_console_main():
+    """The script keeps pandas out of its process as ``python -m chainrows`` does (cli.console_main)."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert meta["project"]["scripts"] == {"chainrows": "chainrows.cli:console_main"}
+
+
 def test_changelog_names_the_current_version():
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     assert text.startswith("# Changelog") and f"## {chainrows.__version__}" in text

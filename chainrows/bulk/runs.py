@@ -235,24 +235,21 @@ def merge_sorted(files: list[Path], writer, release: bool = False, flush_bytes: 
         refill(i)
     live = [i for i, b in enumerate(bufs) if b is not None]
     while live:
-        bound = min(last[i] for i in live)
-        took = False
-        for i in live:
+        ends_first = min(live, key=lambda i: last[i])
+        bound = last[ends_first]
+        if first[ends_first] > bound:  # a batch that ends before it starts: the step would take nothing
+            raise RuntimeError(f"merge: the run {files[ends_first]} is not sorted by rollout_id")
+        for i in live:  # the buffer that ends first is emptied: every step moves on
             if first[i] > bound:
                 continue
             n = bufs[i].num_rows if last[i] <= bound else rows_up_to(bufs[i]["rollout_id"], bound)
-            took = took or n > 0
-            piece = bufs[i].slice(0, n)
-            pending.append(piece)
-            pending_bytes += piece.nbytes
+            pending.append(bufs[i].slice(0, n))
+            pending_bytes += pending[-1].nbytes
             bufs[i] = bufs[i].slice(n)
             if bufs[i].num_rows:
                 first[i] = bufs[i]["rollout_id"][0].as_py()
             else:
                 refill(i)
-        if not took:  # the buffer that ends at the bound gave no row: its run is not sorted
-            stuck = files[min(live, key=lambda i: last[i])]
-            raise RuntimeError(f"merge: the run {stuck} is not sorted by rollout_id")
         live = [i for i in live if bufs[i] is not None]
         if pending_bytes >= flush_bytes:
             flush()
