@@ -333,3 +333,24 @@ finally:
     assert_ran(cli.run("reassemble", good, out, "--buckets", "2", "--resume"))
     assert_ran(cli.run("reassemble", good, tmp_path / "whole", "--buckets", "2"))
     assert output_bytes(out) == output_bytes(tmp_path / "whole") and not (out / WORK).exists()
+
+
+def test_the_resume_words_of_a_stop_message_never_raise(monkeypatch):
+    """They are only extra words on the one line: an internal error that is itself a broken
+    import (the bulk modules cannot load) or a disk that fails while the work dir is measured
+    must still give that line, not a traceback."""
+    import argparse
+
+    from chainrows import cli as cli_module
+
+    args = argparse.Namespace(command="reassemble", ray=None, out="OUT")
+
+    def broken(a):
+        raise ImportError("numba: llvmlite mismatch")
+
+    monkeypatch.setattr(cli_module, "_work_dir", broken)
+    assert cli_module._left_behind(args) == ""
+    monkeypatch.setattr(cli_module, "_work_dir", lambda a: "OUT/.chainrows-work")
+    monkeypatch.setattr("chainrows.bulk.job.holds_finished_work", lambda work: True)
+    monkeypatch.setattr(cli_module, "_size", lambda path: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    assert cli_module._left_behind(args) == ""
