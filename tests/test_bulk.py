@@ -269,6 +269,21 @@ def test_resume_reads_intact_spilled_parts_without_partitioning_again(dataset, t
     assert _bytes(out) == _bytes(tmp_path / "ref")
 
 
+def test_a_finished_buckets_spilled_parts_are_gone_by_the_time_the_run_stops(dataset, tmp_path):
+    """They are deleted on a thread of their own while the next bucket is decided; a run that
+    stops waits for those deletions (the unfinished buckets keep theirs for --resume)."""
+    from chainrows.io.dataset import TABLES
+
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        bulk.run(dataset, out, route=spill(4), reassemble=Counted(crash_at=3))
+    buckets = sorted((out / bulk.WORK_DIR / "spill").glob("bucket-*"))
+    done = [d for d in buckets if (d / "done.json").exists()]
+    assert len(done) == 2 and len(buckets) == 4
+    assert not any((d / name).exists() for d in done for name in TABLES)
+    assert all(any((d / "tokens").glob("part-*.arrow")) for d in buckets if d not in done)
+
+
 @pytest.mark.parametrize("route", [spill(3), stream(3)], ids=["spill", "stream"])
 def test_runs_compressed_or_not_give_the_same_bytes(dataset, tmp_path, monkeypatch, route):
     from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
