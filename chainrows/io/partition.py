@@ -12,6 +12,7 @@ allocator holding far more (docs/decisions-io.md "Spill files").
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -147,7 +148,9 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
     writer stays open, so memory does not grow with the number of buckets. ``ipc``: the part
     files' write options (compression). Each part's digest is appended to its bucket's
     ``PARTS_MANIFEST`` as the part is written (:func:`parts_intact`), so nothing grows in memory
-    with the number of parts.
+    with the number of parts. A flush is written on a thread of its own while the next one fills
+    (one at a time, in order): the reader decodes meanwhile, where under a tight budget Arrow
+    runs one thread (docs/decisions-io.md "Spill files").
     """
     router = Router(dataset_dir, n_buckets, batch_rows)
     dirs = [bucket_dir(spill, b) for b in range(n_buckets)]
@@ -157,46 +160,68 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
         with writing(dirs[b] / PARTS_MANIFEST), open(dirs[b] / PARTS_MANIFEST, "a", encoding="ascii") as manifest:
             manifest.write(f"{name}/{_part_name(part)} {digest}\n")
 
-    for name in TABLES:
-        schema = table_schema(dataset_dir, name)
-        for d in dirs:
-            (d / name).mkdir(parents=True, exist_ok=True)
-        for b in range(n_buckets):
-            write_part(b, name, 0, schema, [])
-        buffers: list[list[pa.Table]] = [[] for _ in dirs]
-        state = {"bytes": 0, "part": 1}
-        # The bar's total is the footers' uncompressed bytes (what the planner sizes a run by),
-        # while Arrow batches hold more (offsets, validity): advance by each batch's share of
-        # its table's footer bytes, so the bar ends exactly at its total, never past it.
-        footers = [pq.ParquetFile(f).metadata for f in table_files(dataset_dir, name)]
-        table_rows = sum(md.num_rows for md in footers)
-        table_bytes = sum(md.row_group(i).total_byte_size for md in footers for i in range(md.num_row_groups))
-        rows_seen = bytes_shown = 0
+    with ThreadPoolExecutor(1, thread_name_prefix="chainrows-spill") as writer:
+        for name in TABLES:
+            _partition_table(dataset_dir, name, dirs, router, batch_rows, buffer_bytes, progress, write_part,
+                             writer)
+    return dirs
 
-        def flush():
-            for b, tables in enumerate(buffers):
-                if tables:
-                    write_part(b, name, state["part"], schema, tables)
-                    tables.clear()
-            state["bytes"] = 0
-            state["part"] += 1
+
+def _partition_table(dataset_dir, name: str, dirs: list[Path], router: Router, batch_rows: int,
+                     buffer_bytes: int, progress, write_part, writer: ThreadPoolExecutor) -> None:
+    """One table of :func:`partition`: its batches routed to the buckets' buffers, each full
+    flush written on ``writer`` while the next fills."""
+    n_buckets = len(dirs)
+    schema = table_schema(dataset_dir, name)
+    for d in dirs:
+        (d / name).mkdir(parents=True, exist_ok=True)
+    for b in range(n_buckets):
+        write_part(b, name, 0, schema, [])
+    buffers: list[list[pa.Table]] = [[] for _ in dirs]
+    state = {"bytes": 0, "part": 1}
+    in_flight = []  # the flush being written, at most one
+    # The bar's total is the footers' uncompressed bytes (what the planner sizes a run by),
+    # while Arrow batches hold more (offsets, validity): advance by each batch's share of
+    # its table's footer bytes, so the bar ends exactly at its total, never past it.
+    footers = [pq.ParquetFile(f).metadata for f in table_files(dataset_dir, name)]
+    table_rows = sum(md.num_rows for md in footers)
+    table_bytes = sum(md.row_group(i).total_byte_size for md in footers for i in range(md.num_row_groups))
+    rows_seen = bytes_shown = 0
+
+    def write_flush(part: int, full: list[list[pa.Table]]) -> None:
+        for b, tables in enumerate(full):
+            if tables:
+                write_part(b, name, part, schema, tables)
+
+    def wait() -> None:
+        if in_flight:
+            in_flight.pop().result()  # a failed write (a WriteError naming the part) is raised here
             release_memory()
 
-        for batch in iter_table_batches(dataset_dir, name, None, batch_rows):
-            buckets = router.route(batch.column("rollout_id"))
-            order = np.argsort(buckets, kind="stable")
-            cuts = np.searchsorted(buckets[order], np.arange(n_buckets + 1))
-            sorted_batch = take_rows(pa.Table.from_batches([batch]), order).cast(schema)
-            for b in np.flatnonzero(np.diff(cuts)):
-                buffers[b].append(sorted_batch.slice(cuts[b], cuts[b + 1] - cuts[b]))
-            state["bytes"] += sorted_batch.nbytes
-            if progress is not None:
-                rows_seen += batch.num_rows
-                step = table_bytes * rows_seen // max(table_rows, 1) - bytes_shown
-                progress.advance(step)
-                bytes_shown += step
-            del batch, sorted_batch
-            if state["bytes"] >= buffer_bytes:
-                flush()
-        flush()
-    return dirs
+    def flush():
+        nonlocal buffers
+        wait()
+        full, buffers = buffers, [[] for _ in dirs]
+        in_flight.append(writer.submit(write_flush, state["part"], full))
+        del full
+        state["bytes"] = 0
+        state["part"] += 1
+
+    for batch in iter_table_batches(dataset_dir, name, None, batch_rows):
+        buckets = router.route(batch.column("rollout_id"))
+        order = np.argsort(buckets, kind="stable")
+        cuts = np.searchsorted(buckets[order], np.arange(n_buckets + 1))
+        sorted_batch = take_rows(pa.Table.from_batches([batch]), order).cast(schema)
+        for b in np.flatnonzero(np.diff(cuts)):
+            buffers[b].append(sorted_batch.slice(cuts[b], cuts[b + 1] - cuts[b]))
+        state["bytes"] += sorted_batch.nbytes
+        if progress is not None:
+            rows_seen += batch.num_rows
+            step = table_bytes * rows_seen // max(table_rows, 1) - bytes_shown
+            progress.advance(step)
+            bytes_shown += step
+        del batch, sorted_batch
+        if state["bytes"] >= buffer_bytes:
+            flush()
+    flush()
+    wait()
