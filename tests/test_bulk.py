@@ -284,6 +284,59 @@ def test_a_finished_buckets_spilled_parts_are_gone_by_the_time_the_run_stops(dat
     assert all(any((d / "tokens").glob("part-*.arrow")) for d in buckets if d not in done)
 
 
+def test_partitioning_writes_in_order_and_a_failed_write_is_never_lost():
+    """Partitioning writes each flush on a thread of its own while the next fills
+    (``partition._Flushes``): in order, one at a time; a failed write is raised by the next
+    look at it, and by a pass the reader stopped later (an interrupt keeps its own exit)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from chainrows.io.errors import InputError, WriteError
+    from chainrows.io.partition import _Flushes
+
+    written, failing, go = [], set(), threading.Event()
+
+    def write_part(b, name, part, schema, tables):
+        go.wait(10)
+        if part in failing:
+            raise WriteError(28, "No space left on device", f"bucket-{b:05d}/{name}/part-{part}")
+        written.append((part, b, sum(t.num_rows for t in tables)))
+
+    table = pa.table({"x": [1, 2, 3]})
+
+    def filled(flushes, bucket):
+        flushes.buffers[bucket].append(table)
+        return flushes
+
+    with ThreadPoolExecutor(1) as writer:
+        flushes = _Flushes("tokens", table.schema, 2, write_part, writer)
+        filled(flushes, 1).flush()  # part 1, held until go
+        assert written == [] and not flushes.in_flight.done()
+        go.set()
+        filled(flushes, 0).flush()  # part 2 waits for part 1
+        assert written == [(1, 1, 3)]
+        flushes.wait()
+        assert written == [(1, 1, 3), (2, 0, 3)]
+
+        failing.add(3)
+        filled(flushes, 0).flush()
+        flushes.in_flight.exception()  # part 3 has failed by now
+        with pytest.raises(WriteError, match="part-3"):
+            flushes.poll()  # raised at the next look, not at the next flush only
+
+        failing.add(4)
+        filled(flushes, 1).flush()
+        flushes.in_flight.exception()
+        with pytest.raises(WriteError, match="part-4"):
+            flushes.stopped(InputError("a later batch of the reader"))  # the failure came first
+
+        failing.add(5)
+        filled(flushes, 1).flush()
+        flushes.in_flight.exception()
+        assert flushes.stopped(KeyboardInterrupt()) is None and flushes.in_flight is None
+    assert written == [(1, 1, 3), (2, 0, 3)]
+
+
 @pytest.mark.parametrize("route", [spill(3), stream(3)], ids=["spill", "stream"])
 def test_runs_compressed_or_not_give_the_same_bytes(dataset, tmp_path, monkeypatch, route):
     from chainrows.io.partition import PLAIN_IPC, SPILL_IPC

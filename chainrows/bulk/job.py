@@ -308,8 +308,9 @@ def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, i
 
 def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int, schemas, ipc,
            progress) -> list[dict]:
-    # The streaming Parquet reader holds ~13x its batch, the bucket buffers ~2.4x their size:
-    # batches of room/128 and buffers of room/16 keep partitioning near a third of the room.
+    # The streaming Parquet reader holds ~13x its batch, the bucket buffers ~2.4x their size, and
+    # one full flush is written while the next fills: batches of room/128 and buffers of room/16
+    # keep partitioning near 0.4 of the room.
     spill = partition_once(dataset_dir, work, route.batches, _batch_rows(dataset_dir, room // 128),
                            max(4 << 20, room // 16), total, progress, ipc)
     return reassemble_buckets(spill, route.batches, decide,

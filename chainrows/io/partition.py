@@ -167,19 +167,73 @@ def partition(dataset_dir, spill: Path, n_buckets: int, batch_rows: int, progres
     return dirs
 
 
+class _Flushes:
+    """The buckets' buffers of one table, written flush by flush on ``writer`` (one thread) while
+    the next flush fills: at most one in flight, in order, so parts and manifests are what
+    writing them in place gave."""
+
+    def __init__(self, name: str, schema: pa.Schema, n_buckets: int, write_part, writer: ThreadPoolExecutor):
+        self.name, self.schema, self.write_part, self.writer = name, schema, write_part, writer
+        self.buffers: list[list[pa.Table]] = [[] for _ in range(n_buckets)]
+        self.bytes = 0
+        self.part = 1  # part 0 of every bucket is the empty one written first
+        self.in_flight = None
+
+    def flush(self) -> None:
+        self.wait()
+        full, self.buffers = self.buffers, [[] for _ in self.buffers]
+        self.in_flight = self.writer.submit(self._write, self.part, full)
+        self.bytes = 0
+        self.part += 1
+
+    def _write(self, part: int, full: list[list[pa.Table]]) -> None:
+        for b, tables in enumerate(full):
+            if tables:
+                self.write_part(b, self.name, part, self.schema, tables)
+        full.clear()
+        release_memory()  # the pool keeps unused memory per thread (mimalloc): this thread's too
+
+    def poll(self) -> None:
+        """A flush written by now: its error raised, its memory handed back."""
+        if self.in_flight is not None and self.in_flight.done():
+            self.wait()
+
+    def wait(self) -> None:
+        if self.in_flight is not None:
+            future, self.in_flight = self.in_flight, None
+            future.result()  # a failed write (a WriteError naming the part) is raised here
+            release_memory()
+
+    def stopped(self, stop: BaseException) -> None:
+        """The table's pass stopped on ``stop``: wait for the flush being written, through further
+        interrupts too (a stopped run removes its work dir: not while a write still makes files
+        in it); raise its failure instead when it came first (not for an interrupt)."""
+        future, self.in_flight = self.in_flight, None
+        if future is None:
+            return
+        while True:
+            try:
+                future.result()
+                return
+            except BaseException:  # noqa: BLE001 - its own error, or an interrupt while waiting
+                if future.done():
+                    break
+        error = future.exception()
+        if error is not None and not isinstance(stop, KeyboardInterrupt):
+            raise error from None
+
+
 def _partition_table(dataset_dir, name: str, dirs: list[Path], router: Router, batch_rows: int,
                      buffer_bytes: int, progress, write_part, writer: ThreadPoolExecutor) -> None:
     """One table of :func:`partition`: its batches routed to the buckets' buffers, each full
-    flush written on ``writer`` while the next fills."""
+    flush written on ``writer`` while the next fills (:class:`_Flushes`)."""
     n_buckets = len(dirs)
     schema = table_schema(dataset_dir, name)
     for d in dirs:
         (d / name).mkdir(parents=True, exist_ok=True)
     for b in range(n_buckets):
         write_part(b, name, 0, schema, [])
-    buffers: list[list[pa.Table]] = [[] for _ in dirs]
-    state = {"bytes": 0, "part": 1}
-    in_flight = []  # the flush being written, at most one
+    flushes = _Flushes(name, schema, n_buckets, write_part, writer)
     # The bar's total is the footers' uncompressed bytes (what the planner sizes a run by),
     # while Arrow batches hold more (offsets, validity): advance by each batch's share of
     # its table's footer bytes, so the bar ends exactly at its total, never past it.
@@ -187,41 +241,26 @@ def _partition_table(dataset_dir, name: str, dirs: list[Path], router: Router, b
     table_rows = sum(md.num_rows for md in footers)
     table_bytes = sum(md.row_group(i).total_byte_size for md in footers for i in range(md.num_row_groups))
     rows_seen = bytes_shown = 0
-
-    def write_flush(part: int, full: list[list[pa.Table]]) -> None:
-        for b, tables in enumerate(full):
-            if tables:
-                write_part(b, name, part, schema, tables)
-
-    def wait() -> None:
-        if in_flight:
-            in_flight.pop().result()  # a failed write (a WriteError naming the part) is raised here
-            release_memory()
-
-    def flush():
-        nonlocal buffers
-        wait()
-        full, buffers = buffers, [[] for _ in dirs]
-        in_flight.append(writer.submit(write_flush, state["part"], full))
-        del full
-        state["bytes"] = 0
-        state["part"] += 1
-
-    for batch in iter_table_batches(dataset_dir, name, None, batch_rows):
-        buckets = router.route(batch.column("rollout_id"))
-        order = np.argsort(buckets, kind="stable")
-        cuts = np.searchsorted(buckets[order], np.arange(n_buckets + 1))
-        sorted_batch = take_rows(pa.Table.from_batches([batch]), order).cast(schema)
-        for b in np.flatnonzero(np.diff(cuts)):
-            buffers[b].append(sorted_batch.slice(cuts[b], cuts[b + 1] - cuts[b]))
-        state["bytes"] += sorted_batch.nbytes
-        if progress is not None:
-            rows_seen += batch.num_rows
-            step = table_bytes * rows_seen // max(table_rows, 1) - bytes_shown
-            progress.advance(step)
-            bytes_shown += step
-        del batch, sorted_batch
-        if state["bytes"] >= buffer_bytes:
-            flush()
-    flush()
-    wait()
+    try:
+        for batch in iter_table_batches(dataset_dir, name, None, batch_rows):
+            buckets = router.route(batch.column("rollout_id"))
+            order = np.argsort(buckets, kind="stable")
+            cuts = np.searchsorted(buckets[order], np.arange(n_buckets + 1))
+            sorted_batch = take_rows(pa.Table.from_batches([batch]), order).cast(schema)
+            for b in np.flatnonzero(np.diff(cuts)):
+                flushes.buffers[b].append(sorted_batch.slice(cuts[b], cuts[b + 1] - cuts[b]))
+            flushes.bytes += sorted_batch.nbytes
+            if progress is not None:
+                rows_seen += batch.num_rows
+                step = table_bytes * rows_seen // max(table_rows, 1) - bytes_shown
+                progress.advance(step)
+                bytes_shown += step
+            del batch, sorted_batch
+            flushes.poll()
+            if flushes.bytes >= buffer_bytes:
+                flushes.flush()
+        flushes.flush()
+        flushes.wait()
+    except BaseException as stop:
+        flushes.stopped(stop)
+        raise
