@@ -343,9 +343,9 @@ def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: 
     bar = Progress("merge", 2, enabled=progress, unit="tables")
     # Under a tight budget a step is a row or two and each write copies its rows out: steps are
     # gathered, up to half as much as the buffers hold, into one write (the whole share raised
-    # the peak on many short calls). Otherwise each step goes to
-    # the writer as it comes (its row groups take from the steps' tables; gathered ones,
-    # hundreds of chunks each, made that slower: docs/decisions-io.md "Merge steps").
+    # the peak on many short calls). Otherwise each step goes to the writer as it comes: its row
+    # groups take from the steps' tables, and gathered ones, hundreds of chunks each, made that
+    # slower (docs/decisions-io.md "Merge steps").
     flush = room // (2 * MERGE_SHARE) if tight else 0
     merge_tree([run_path(s, "rows") for s in stems], rows_w,
                rows_batch, fan_in, work / "merge-rows", release=tight, ipc=ipc, flush_bytes=flush)

@@ -82,15 +82,24 @@ def run(kernel, chunks: np.ndarray, *args) -> None:
     except BaseException as err:  # noqa: BLE001 - re-raised once the other parts are done
         error = err
     for f in futures:
-        while True:  # an interrupt while waiting must not leave the part running unwaited
-            try:
-                f.result()
-            except BaseException as err:  # noqa: BLE001
-                error = error or err
-            if f.done():
-                break
+        waited = wait_out(f)  # every part waited for, whatever error came first
+        error = error or waited
     if error is not None:
         raise error
+
+
+def wait_out(future) -> BaseException | None:
+    """Wait until ``future`` is done, whatever interrupts come meanwhile: a task left running
+    may read memory its caller frees, or write files in a directory its caller removes. Returns
+    the first error seen (the task's own, or an interrupt that came while waiting), or None."""
+    error = None
+    while True:
+        try:
+            future.result()
+        except BaseException as err:  # noqa: BLE001 - returned, for the caller to raise or not
+            error = error or err
+        if future.done():
+            return error
 
 
 def inherit_threads() -> dict:

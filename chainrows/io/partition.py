@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, hash_strings
+from chainrows.engine.threads import wait_out
 from chainrows.engine.dense import dense_codes
 from chainrows.io.arrays import FirstValue, one_chunk, string_parts
 from chainrows.io.digest import file_digest
@@ -211,13 +212,7 @@ class _Flushes:
         future, self.in_flight = self.in_flight, None
         if future is None:
             return
-        while True:
-            try:
-                future.result()
-                return
-            except BaseException:  # noqa: BLE001 - its own error, or an interrupt while waiting
-                if future.done():
-                    break
+        wait_out(future)
         error = future.exception()
         if error is not None and not isinstance(stop, KeyboardInterrupt):
             raise error from None
