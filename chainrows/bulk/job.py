@@ -37,6 +37,7 @@ from chainrows.bulk.windows import plan_windows, scan
 from chainrows.engine.threads import inherit_threads
 from chainrows.io.dataset import TABLES, read_dataset, table_files, table_schema
 from chainrows.io.errors import InputError
+from chainrows.io.footers import file_facts, remembered
 from chainrows.io.memory import one_arrow_thread, process_peak_rss
 from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
@@ -66,6 +67,7 @@ class Route:
     resident: tuple[str, ...] = ()
 
 
+@remembered()
 def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: int = planner.DEFAULT_BUDGET,
         resume: bool = False, progress: bool | None = None, route: Route | None = None,
         reassemble: Callable[[pa.Table, pa.Table, pa.Table, Options], Result] = run_tables) -> Summary:
@@ -76,6 +78,7 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     finished windows or buckets a killed run of the same dataset and options left in
     ``out_dir/.chainrows-work``. ``route``: force a path (tests, ``--buckets``).
     ``reassemble``: the engine call per batch (a seam for tests and other engines).
+    Each input file's footer is read once (``footers.remembered``).
     """
     t0 = time.perf_counter()
     sizes = planner.input_bytes(dataset_dir)
@@ -321,9 +324,9 @@ def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int,
 
 def _batch_rows(dataset_dir, batch_bytes: int) -> int:
     """Rows per input batch while partitioning: about ``batch_bytes`` of tokens per batch."""
-    footers = [planner.footer("tokens", f) for f in table_files(dataset_dir, "tokens")]
-    rows = sum(md.num_rows for md in footers)
-    size = sum(planner.uncompressed(md) for md in footers)
+    facts = [file_facts("tokens", f) for f in table_files(dataset_dir, "tokens")]
+    rows = sum(f.num_rows for f in facts)
+    size = sum(f.uncompressed_bytes for f in facts)
     return int(max(64, min(1 << 20, batch_bytes / max(size / max(rows, 1), 1.0))))
 
 

@@ -14,11 +14,10 @@ import shutil
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from chainrows.io.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
 from chainrows.io.dataset import TABLES, table_files, table_schema
-from chainrows.io.errors import InputError
+from chainrows.io.footers import file_facts
 from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
 from chainrows.options import Options
 
@@ -53,27 +52,12 @@ def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
     return footprint_after(load_kernels)
 
 
-def footer(name: str, file) -> pq.FileMetaData:
-    """A Parquet footer; an unreadable file is unusable input."""
-    try:
-        return pq.ParquetFile(file).metadata
-    except MemoryError:
-        raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"unreadable Parquet file: {' '.join(str(exc).split())}", table=name,
-                         file=file) from exc
-
-
-def uncompressed(md: pq.FileMetaData) -> int:
-    return sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
-
-
 def input_bytes(dataset_dir) -> dict[str, int]:
     """Uncompressed bytes of each table, from Parquet footers (no data read). Every file's
     schema is checked first, so unusable input fails before any work."""
     for name in TABLES:
         table_schema(dataset_dir, name)
-    return {name: sum(uncompressed(footer(name, f)) for f in table_files(dataset_dir, name))
+    return {name: sum(file_facts(name, f).uncompressed_bytes for f in table_files(dataset_dir, name))
             for name in TABLES}
 
 

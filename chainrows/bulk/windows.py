@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.engine.dense import dense_codes
+from chainrows.io.arrays import coalesced
 from chainrows.io.dataset import iter_table_batches
 from chainrows.io.joins import MIN_BUFFER_BYTES
 from chainrows.io.partition import collision_error, string_hashes
@@ -74,10 +75,15 @@ class WindowPlan:
     copied: np.ndarray | None = None
 
 
+def _batches(dataset_dir, name: str, columns: list[str]):
+    """The columns' record batches, files of few rows joined (``arrays.coalesced``)."""
+    return coalesced(iter_table_batches(dataset_dir, name, columns, SCAN_BATCH_ROWS), SCAN_BATCH_ROWS)
+
+
 def scan(dataset_dir, has_logprobs: bool) -> Scan:
     """Read the id columns of the three tables (and ledger delta_len) once."""
     rid_parts, grp_parts, second = [], [], []
-    for batch in iter_table_batches(dataset_dir, "rollouts", ["rollout_id", "group_id"], SCAN_BATCH_ROWS):
+    for batch in _batches(dataset_dir, "rollouts", ["rollout_id", "group_id"]):
         rid = string_hashes(batch.column("rollout_id"))
         valid = pc.is_valid(batch.column("group_id")).to_numpy(zero_copy_only=False)
         grp = np.where(valid, string_hashes(batch.column("group_id")) ^ np.uint64(0x9E3779B97F4A7C15), rid)
@@ -88,14 +94,14 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
     ro_grp = np.concatenate(grp_parts) if grp_parts else np.zeros(0, np.uint64)
 
     led_rid, led_delta = [], []
-    for batch in iter_table_batches(dataset_dir, "ledger", ["rollout_id", "delta_len"], SCAN_BATCH_ROWS):
+    for batch in _batches(dataset_dir, "ledger", ["rollout_id", "delta_len"]):
         led_rid.append(string_hashes(batch.column("rollout_id")))
         second.append(string_hashes(batch.column("rollout_id"), second=True))
         led_delta.append(batch.column("delta_len").to_numpy(zero_copy_only=False))
     led_rid = np.concatenate(led_rid) if led_rid else np.zeros(0, np.uint64)
     led_delta = np.concatenate(led_delta).astype(np.float64) if led_delta else np.zeros(0)
     tok_rid = []
-    for batch in iter_table_batches(dataset_dir, "tokens", ["rollout_id"], SCAN_BATCH_ROWS):
+    for batch in _batches(dataset_dir, "tokens", ["rollout_id"]):
         tok_rid.append(string_hashes(batch.column("rollout_id")))
         second.append(string_hashes(batch.column("rollout_id"), second=True))
     tok_rid = np.concatenate(tok_rid) if tok_rid else np.zeros(0, np.uint64)

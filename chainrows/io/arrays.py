@@ -1,8 +1,10 @@
 """Array idioms the IO layer uses in many places, each written once: one chunk of a column, the
-offsets of a list array, offsets from lengths, concatenated ranges, and exact-match probes of
-sorted keys."""
+offsets of a list array, offsets from lengths, concatenated ranges, exact-match probes of
+sorted keys, and small record batches joined."""
 
 from __future__ import annotations
+
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -96,3 +98,29 @@ class FirstValue:
         """The value of each of ``keys``, ``default[i]`` where a key is absent."""
         pos, hit = probe_sorted(self.keys, keys)
         return np.where(hit, self.values[pos] if len(self.keys) else default, default)
+
+
+def coalesced(batches: Iterable[pa.RecordBatch], max_rows: int) -> Iterator[pa.RecordBatch]:
+    """The same rows in the same order, consecutive batches of one schema joined into batches
+    of at most ``max_rows`` rows (a larger batch passes as it is). For narrow columns only (ids,
+    lengths): a joined string column must fit 32-bit offsets.
+
+    A dataset of many small files gives one small batch per file; a caller with a fixed cost
+    per batch (a kernel launch, a hash pass) pays it once per ``max_rows`` rows instead."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if pending and (rows + batch.num_rows > max_rows or not batch.schema.equals(pending[0].schema)):
+            yield _joined(pending)
+            pending, rows = [], 0
+        pending.append(batch)
+        rows += batch.num_rows
+    if pending:
+        yield _joined(pending)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    table = pa.Table.from_batches(batches).combine_chunks()
+    return pa.RecordBatch.from_arrays([one_chunk(c) for c in table.columns], schema=table.schema)

@@ -18,7 +18,6 @@ Unusable input raises :class:`~chainrows.io.errors.InputError` with a one-line m
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -29,6 +28,7 @@ import pyarrow.parquet as pq
 
 from chainrows.io.arrays import offsets_rise_within, offsets_view
 from chainrows.io.errors import InputError
+from chainrows.io.footers import file_facts, one_line as _one_line, reading as _reading
 from chainrows.io.schema import (
     ACCEPTED_FIELD,
     INTEGRITY_FIELD,
@@ -235,28 +235,8 @@ def plan_table(dataset_dir: str | os.PathLike, name: str,
     return TablePlan(name, files, out, present)
 
 
-@contextmanager
-def _reading(name: str, file: Path):
-    """Errors of the Parquet reader inside the block become one InputError naming the table and
-    the file ("unreadable Parquet file"); running out of memory (pyarrow's ArrowMemoryError is
-    a MemoryError) passes as it is: it is the machine's, not the file's."""
-    try:
-        yield
-    except MemoryError:
-        raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"unreadable Parquet file: {_one_line(exc)}", table=name,
-                         file=file) from exc
-
-
 def _read_schema(name: str, file: Path) -> pa.Schema:
-    with _reading(name, file):
-        return pq.read_schema(file)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    return file_facts(name, file).schema
 
 
 # ----------------------------------------------------------------------------- normalizing

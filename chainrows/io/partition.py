@@ -24,7 +24,7 @@ from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, hash_strings
 from chainrows.engine.threads import wait_out
 from chainrows.engine.dense import dense_codes
-from chainrows.io.arrays import FirstValue, one_chunk, string_parts
+from chainrows.io.arrays import FirstValue, coalesced, one_chunk, string_parts
 from chainrows.io.digest import file_digest
 from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_schema
 from chainrows.io.errors import InputError, writing
@@ -68,7 +68,8 @@ class Router:
     def __init__(self, dataset_dir, n_buckets: int, batch_rows: int):
         self.k = np.uint64(n_buckets)
         rid_h, rid_h2, bucket = [], [], []
-        for batch in iter_table_batches(dataset_dir, "rollouts", ["rollout_id", "group_id"], batch_rows):
+        for batch in coalesced(iter_table_batches(dataset_dir, "rollouts", ["rollout_id", "group_id"], batch_rows),
+                               batch_rows):
             h = string_hashes(batch.column("rollout_id"))
             g = string_hashes(batch.column("group_id"))
             valid = pc.is_valid(batch.column("group_id")).to_numpy(zero_copy_only=False)

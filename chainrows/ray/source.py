@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from chainrows.io import dataset as dsio
 from chainrows.io.dataset import CANONICAL, TABLES, check_schema, normalize, plan_table
 from chainrows.io.errors import InputError
+from chainrows.io.footers import reading
 from chainrows.io.partition import string_hashes
 
 TAG = {name: i for i, name in enumerate(TABLES)}  # ledger 0, tokens 1, rollouts 2
@@ -126,7 +127,7 @@ def _check_remote(loc: Location, name: str) -> TableFiles:
             shown.append(f"{shown_root}/{sub}/{e.base_name}")
     present = []
     for path, label in zip(paths, shown):
-        with dsio._reading(name, label), loc.fs.open_input_file(path) as fh:
+        with reading(name, label), loc.fs.open_input_file(path) as fh:
             schema = pq.read_schema(fh)
         present.append(check_schema(name, schema, label))
     wanted = list(CANONICAL[name].names)
@@ -193,7 +194,7 @@ def read_file(fs: pafs.FileSystem, tf: TableFiles, i: int, schema: pa.Schema, pa
 def _read_file(fs, tf: TableFiles, i: int, schema: pa.Schema, partitions: int):
     path, label, present = tf.paths[i], tf.shown[i], tf.present[i]
     read_cols = [c for c in present if c in tf.columns]
-    with dsio._reading(tf.name, label):
+    with reading(tf.name, label):
         pf = dsio._stream_reader(fs.open_input_file(path))
         footer_rows = pf.metadata.num_rows
         batches = pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=read_cols)
