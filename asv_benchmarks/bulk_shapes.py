@@ -1,7 +1,8 @@
 """The command line on user-shaped data, against the pyarrow floor, in one run.
 
 For each shape of ``asv_benchmarks.shapes`` (capture order, token rows shuffled, many short
-calls) at ``--gb`` of token + logprob bytes:
+calls, and the capture order cut into 1,000 small files per table) at ``--gb`` of token +
+logprob bytes:
 
 - CLI: ``chainrows reassemble DATA OUT`` at default settings in a fresh process (warm kernel
   cache), against a fresh process that reads the three tables with pyarrow and writes the same
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 
 from asv_benchmarks import common
-from asv_benchmarks.shapes import SHAPES, write_shaped_dataset
+from asv_benchmarks.shapes import SHAPES, SPLIT_SHAPES, split_dataset, write_shaped_dataset
 
 _FLOOR = r"""
 import json, sys, time
@@ -73,7 +74,11 @@ def dataset(shape: str, gb: float, seed: int = 0) -> Path:
     """The shaped dataset, written once under the benchmark cache."""
     path = common.cache_root() / f"shape-{shape}-{gb:g}gb-s{seed}-{common._synth_version()}"
     if not (path / "tokens").exists():
-        write_shaped_dataset(path, shape, int(gb * 1e9), seed)
+        if shape in SPLIT_SHAPES:
+            source, files = SPLIT_SHAPES[shape]
+            split_dataset(dataset(source, gb, seed), path, files)
+        else:
+            write_shaped_dataset(path, shape, int(gb * 1e9), seed)
     return path
 
 
@@ -261,7 +266,7 @@ def cli_line(r: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.bulk_shapes", description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=2.1)
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join([*SHAPES, *SPLIT_SHAPES]))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--work", default=None, help="where outputs go (default: the benchmark cache)")
     ap.add_argument("--api", action="store_true", help="also the API against the copy floor")

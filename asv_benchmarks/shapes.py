@@ -13,7 +13,9 @@ rollouts, then reshapes it the way historical dumps look:
 
 Shapes (``SHAPES``): ``capture`` (long calls, ~1,700 tokens each, as in a coding agent),
 ``shuffled`` (the same, token rows permuted over the whole table), ``short`` (many short calls,
-~60 tokens each, so per-call costs dominate).
+~60 tokens each, so per-call costs dominate). Derived shapes (``SPLIT_SHAPES``) are another
+shape's files cut into many small part files (``split_dataset``): ``files``, the capture shape
+in 1,000 files per table, as many workers or a Spark / Ray job leave a capture.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ CHUNK_ROLLOUTS = 1024
 MIN_CHUNK_ROLLOUTS = 32
 GROUP_ROWS = {"ledger": 16384, "tokens": 2048, "rollouts": 4096}
 FILES_PER_TABLE = 4
+SPLIT_SHAPES = {"files": ("capture", 1000)}  # shape -> (shape it cuts, files per table)
 
 
 def _hex_ids(rng: np.random.Generator, n: int) -> pa.Array:
@@ -129,6 +132,29 @@ def write_shaped_dataset(out, shape: str, target_bytes: int, seed: int = 0) -> P
         for f in range(FILES_PER_TABLE):
             pq.write_table(table.slice(f * step, step), tmp / name / f"part-{f}.parquet",
                            row_group_size=GROUP_ROWS[name], compression=WRITE_OPTIONS["compression"],
+                           compression_level=WRITE_OPTIONS["compression_level"])
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def split_dataset(src, out, files_per_table: int) -> Path:
+    """Write ``src``'s tables to ``out`` (replaced) as ``files_per_table`` part files each (fewer
+    for a table of fewer rows), rows in the same order (file names sort in read order)."""
+    from chainrows.io.write import WRITE_OPTIONS
+
+    src, out = Path(src), Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name in ("ledger", "tokens", "rollouts"):
+        table = pq.read_table(src / name)
+        (tmp / name).mkdir(parents=True)
+        n = table.num_rows
+        files = max(1, min(files_per_table, n))
+        for f in range(files):
+            a, b = f * n // files, (f + 1) * n // files
+            pq.write_table(table.slice(a, b - a), tmp / name / f"part-{f:05d}.parquet",
+                           compression=WRITE_OPTIONS["compression"],
                            compression_level=WRITE_OPTIONS["compression_level"])
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

@@ -31,7 +31,7 @@ so read the ratios, not the absolute numbers):
 
 5. user-shaped data (``asv_benchmarks.shapes``, ``asv_benchmarks.bulk_shapes``): on
    ``--shapes-gb`` GB of token + logprob values per shape (default 2.1; capture order, token
-   rows shuffled, many short calls), ``chainrows reassemble DATA OUT`` at default settings in a
+   rows shuffled, many short calls, capture order in 1,000 small files per table), ``chainrows reassemble DATA OUT`` at default settings in a
    fresh process against a fresh pyarrow process that reads the three tables and writes the same
    rows and report (same codec, no dictionary), best of ``--repeats`` interleaved; and the API on
    the same tables (multi-chunk columns, build_batch included) on 1 and on all threads against one
@@ -588,9 +588,9 @@ def main(argv=None) -> int:
         if "parquet" not in skip:
             parquet_to_parquet(rep, n, repeats, tmp)
         if "shapes" not in skip:
-            from asv_benchmarks.shapes import SHAPES
+            from asv_benchmarks.shapes import SHAPES, SPLIT_SHAPES
 
-            shapes = a.shapes or ("capture" if a.quick else ",".join(SHAPES))
+            shapes = a.shapes or ("capture" if a.quick else ",".join([*SHAPES, *SPLIT_SHAPES]))
             user_shapes(rep, [x.strip() for x in shapes.split(",") if x.strip()],
                         a.shapes_gb or (0.004 if a.quick else 2.1), repeats, tmp)
         if "startup" not in skip:

@@ -149,3 +149,17 @@ def test_shaped_datasets_have_the_shapes_they_claim(tmp_path):
             ids |= set(pq.read_table(src / name, columns=["rollout_id"])["rollout_id"].to_pylist())
         assert res.report.num_rows == len(ids)
         assert res.rows.num_rows > 0
+
+
+def test_split_shape_is_its_source_in_many_files_read_in_order(tmp_path):
+    """``files``: the capture shape's tables, row for row in read order, in many part files."""
+    from asv_benchmarks.shapes import SPLIT_SHAPES, split_dataset, write_shaped_dataset
+    from chainrows.io.dataset import read_dataset
+
+    source, _ = SPLIT_SHAPES["files"]
+    src = write_shaped_dataset(tmp_path / "src", source, 500_000, seed=2)
+    out = split_dataset(src, tmp_path / "files", 23)
+    a, b = read_dataset(src), read_dataset(out)
+    for name in ("ledger", "tokens", "rollouts"):
+        assert len(list((out / name).glob("*.parquet"))) == 23
+        assert getattr(b, name).equals(getattr(a, name)), name
