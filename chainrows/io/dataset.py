@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from chainrows.io.arrays import offsets_rise_within, offsets_view
 from chainrows.io.errors import InputError
 from chainrows.io.footers import file_facts, one_line as _one_line, reading as _reading
+from chainrows.io.small_files import file_groups, read_group
 from chainrows.io.schema import (
     ACCEPTED_FIELD,
     INTEGRITY_FIELD,
@@ -487,9 +488,18 @@ def read_table(dataset_dir: str | os.PathLike, name: str,
     Every file's schema is checked before any data is read. Returns the canonical schema
     (large-offset fallback per column, see module doc); zero files give zero rows.
     """
-    plan = plan_table(dataset_dir, name, columns)
-    parts = [_read_file(plan, i) for i in range(len(plan.files))]
-    return _concat(plan, parts)
+    return _concat(plan := plan_table(dataset_dir, name, columns), _read_parts(plan))
+
+
+def _read_parts(plan: TablePlan) -> list[pa.Table]:
+    """The plan's files as normalized tables: one per file, or one per group of small files."""
+    parts = []
+    for group in file_groups(plan.name, plan.files, plan.present, DEFAULT_BATCH_ROWS):
+        if len(group) > 1 and (table := _read_small_files(plan, group)) is not None:
+            parts.append(table)
+        else:
+            parts.extend(_read_file(plan, i) for i in group)
+    return parts
 
 
 READ_PIECE_BYTES = 64 << 20
@@ -557,12 +567,36 @@ def iter_table_batches(dataset_dir: str | os.PathLike, name: str,
     """Yield the table as checked, normalized record batches, file by file, in read order
     (files lexicographic, then rows). All files' schemas are checked before the first batch.
 
-    Each batch has at most ``batch_rows`` rows, never spans two files, and has the columns of
+    Each batch has at most ``batch_rows`` rows, spans two or more files only when they are small
+    (read as one group, :mod:`chainrows.io.small_files`), and has the columns of
     :func:`table_schema` (a batch keeps 64-bit offsets only if it alone overflows 32-bit ones).
     """
     plan = plan_table(dataset_dir, name, columns)
-    for file, present in zip(plan.files, plan.present):
-        yield from _iter_file(plan, file, [c for c in present if c in plan.columns], batch_rows)
+    for group in file_groups(name, plan.files, plan.present, batch_rows):
+        if len(group) > 1 and (table := _read_small_files(plan, group)) is not None:
+            yield from table.to_batches(max_chunksize=batch_rows)
+            continue
+        for i in group:
+            yield from _iter_file(plan, plan.files[i], [c for c in plan.present[i] if c in plan.columns],
+                                  batch_rows)
+
+
+def _read_small_files(plan: TablePlan, group: list[int]) -> pa.Table | None:
+    """The small files ``group`` (:func:`small_files.file_groups`) read and normalized as one
+    table of one chunk per column; None when reading or checking fails, or when a file gives
+    other than its footer's rows: the caller reads them one by one then, for the error of the
+    first bad file in read order, naming it and its row."""
+    files = [plan.files[i] for i in group]
+    try:
+        raw = read_group(plan.name, files, [c for c in plan.present[group[0]] if c in plan.columns],
+                         STREAM_BUFFER)
+        if raw.num_rows != sum(file_facts(plan.name, f).num_rows for f in files):
+            return None
+        return normalize(plan.name, raw, plan.columns, files[0]).combine_chunks()
+    except MemoryError:
+        raise
+    except (InputError, pa.ArrowException, OSError, ValueError):
+        return None
 
 
 STREAM_BUFFER = 1 << 20
@@ -634,7 +668,6 @@ def read_dataset(dataset_dir: str | os.PathLike) -> Dataset:
     """Read all three tables; every file of every table is schema-checked before any data is
     read. Raises InputError on unusable input."""
     plans = {n: plan_table(dataset_dir, n) for n in TABLES}
-    tables = {n: _concat(p, [_read_file(p, i) for i in range(len(p.files))])
-              for n, p in plans.items()}
+    tables = {n: _concat(p, _read_parts(p)) for n, p in plans.items()}
     return Dataset(tables["ledger"], tables["tokens"], tables["rollouts"],
                    {n: list(p.files) for n, p in plans.items()})

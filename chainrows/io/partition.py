@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, hash_strings
@@ -28,6 +27,7 @@ from chainrows.io.arrays import FirstValue, coalesced, one_chunk, string_parts
 from chainrows.io.digest import file_digest
 from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_schema
 from chainrows.io.errors import InputError, writing
+from chainrows.io.footers import file_facts
 from chainrows.io.memory import release_memory
 from chainrows.io.take import take_rows
 
@@ -233,9 +233,9 @@ def _partition_table(dataset_dir, name: str, dirs: list[Path], router: Router, b
     # The bar's total is the footers' uncompressed bytes (what the planner sizes a run by),
     # while Arrow batches hold more (offsets, validity): advance by each batch's share of
     # its table's footer bytes, so the bar ends exactly at its total, never past it.
-    footers = [pq.ParquetFile(f).metadata for f in table_files(dataset_dir, name)]
-    table_rows = sum(md.num_rows for md in footers)
-    table_bytes = sum(md.row_group(i).total_byte_size for md in footers for i in range(md.num_row_groups))
+    facts = [file_facts(name, f) for f in table_files(dataset_dir, name)]
+    table_rows = sum(f.num_rows for f in facts)
+    table_bytes = sum(f.uncompressed_bytes for f in facts)
     rows_seen = bytes_shown = 0
     try:
         for batch in iter_table_batches(dataset_dir, name, None, batch_rows):

@@ -1,0 +1,56 @@
+"""Small Parquet files read a group at a time.
+
+A capture written by many workers, or by a Spark or Ray job, comes as thousands of small part
+files. Read one by one, each file pays a fixed cost: open, footer, a decode started on Arrow's
+threads, checks per column. On the capture shape cut into 1,000 files per table that was ~1 ms
+a file, about as much as decoding its rows (docs/limits.md "Many small files"). Consecutive
+small files of one layout are therefore read as one table by Arrow's dataset scanner, which
+opens and decodes several files at once, and checked as one table. No group holds more rows
+than one batch of the reader would, so memory stays what the batch size plans.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from chainrows.io.footers import file_facts
+
+SMALL_FILE_BYTES = 8 << 20  # uncompressed bytes (footer) of a file read in a group, at most
+GROUP_BYTES = 64 << 20  # uncompressed bytes of a group, at most
+
+
+def file_groups(name: str, files: list[Path], present: list[list[str]], batch_rows: int) -> list[list[int]]:
+    """Indices of ``files`` in read order, cut into groups: a group of several files holds only
+    small files (``SMALL_FILE_BYTES``) of one Arrow schema and one column set (``present``),
+    at most ``batch_rows`` rows and ``GROUP_BYTES`` bytes; every other file is a group alone."""
+    groups: list[list[int]] = []
+    rows = size = 0
+    open_group = False  # the last group takes more small files
+    for i, file in enumerate(files):
+        facts = file_facts(name, file)
+        small = facts.uncompressed_bytes <= SMALL_FILE_BYTES and facts.num_rows <= batch_rows
+        if (small and open_group and rows + facts.num_rows <= batch_rows
+                and size + facts.uncompressed_bytes <= GROUP_BYTES and present[i] == present[groups[-1][0]]
+                and facts.schema.equals(file_facts(name, files[groups[-1][0]]).schema)):
+            groups[-1].append(i)
+            rows += facts.num_rows
+            size += facts.uncompressed_bytes
+        else:
+            groups.append([i])
+            rows, size, open_group = facts.num_rows, facts.uncompressed_bytes, small
+    return groups
+
+
+def read_group(name: str, files: list[Path], columns: list[str], buffer_size: int) -> pa.Table:
+    """The ``columns`` of ``files`` (one Arrow schema, as :func:`file_groups` groups them) as one
+    table, rows in file order, decoded with the settings of the one-file reader (no whole-file
+    pre-buffering, ``buffer_size``). Raises what the scanner raises; the caller reads the
+    files one by one then, for an error that names the file."""
+    import pyarrow.dataset as pads
+
+    fmt = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(
+        pre_buffer=False, buffer_size=buffer_size, use_buffered_stream=True))
+    schema = file_facts(name, files[0]).schema
+    return pads.dataset([str(f) for f in files], schema=schema, format=fmt).to_table(columns=columns)
