@@ -201,23 +201,33 @@ def _same_table(a: pa.Table, b: pa.Table) -> bool:
 
 
 @pytest.mark.parametrize("batch_rows", [1, 7, 40, 10_000])
-def test_groups_of_small_files_give_the_rows_of_one_file(many_files, batch_rows, monkeypatch):
+def test_groups_of_small_files_give_the_rows_of_one_file(many_files, batch_rows, monkeypatch, reads):
     one, many = many_files
-    calls = []
-    real = small_files.read_group
-    monkeypatch.setattr(dsmod, "read_group", lambda *a: calls.append(a[1]) or real(*a))
+    groups, alone = [], []  # groups read and checked as one table; files read one by one
+    real_group, real_file = dsmod._read_small_files, dsmod._iter_file
+    monkeypatch.setattr(dsmod, "_read_small_files", lambda plan, g: groups.append(
+        (len(g), (t := real_group(plan, g)) is not None)) or t)
+    monkeypatch.setattr(dsmod, "_iter_file", lambda plan, f, *a: alone.append(f) or real_file(plan, f, *a))
     for name in TABLES:
         want = _read_all(one, name, batch_rows)
+        reads.clear()
         got = _read_all(many, name, batch_rows)
+        assert set(reads.values()) == {1}  # outside a bulk run: each footer read once a read
         assert _same_table(got, want), name
         assert max(b.num_rows for b in iter_table_batches(many, name, None, batch_rows)) <= batch_rows
-    if batch_rows == 10_000:  # the in-memory reader too
+    if batch_rows == 10_000:
+        # every table's 9 files fit one batch: three groups of 9 a pass (a file alone for the one-file
+        # dataset), each read as one table; the in-memory reader alike
+        assert groups == [(9, True)] * 6 and set(alone) == {one / f"{n}.parquet" for n in TABLES}
         for name in TABLES:
             assert _same_table(read_table(many, name), read_table(one, name)), name
-    if batch_rows == 10_000:  # every table's 9 files fit one batch: read as groups
-        assert len(calls) == 9 and all(len(c) == 9 for c in calls), calls  # three reads a table
+        assert groups == [(9, True)] * 9
     if batch_rows == 1:
-        assert not calls
+        assert not groups
+
+
+def _facts(paths):
+    return [footers.file_facts("ledger", p) for p in paths]
 
 
 def test_file_groups_keep_to_rows_bytes_schema_and_columns(tmp_path, monkeypatch):
@@ -227,14 +237,24 @@ def test_file_groups_keep_to_rows_bytes_schema_and_columns(tmp_path, monkeypatch
                    paths[2])  # another Arrow schema: a group of its own... and starts the next
     present = [["rollout_id", "n"]] * 8
     present[6] = ["rollout_id"]
-    groups = small_files.file_groups("ledger", paths, present, batch_rows=15)
+    facts = _facts(paths)
+    groups = small_files.file_groups(facts, present, batch_rows=15)
     assert groups == [[0, 1], [2], [3, 4, 5], [6], [7]]
-    assert small_files.file_groups("ledger", paths, present, batch_rows=4) == [[i] for i in range(8)]
-    sizes = [footers.file_facts("ledger", p).uncompressed_bytes for p in paths]
+    assert small_files.file_groups(facts, present, batch_rows=4) == [[i] for i in range(8)]
+    sizes = [f.uncompressed_bytes for f in facts]
     monkeypatch.setattr(small_files, "GROUP_BYTES", sizes[0] + sizes[1])
-    assert small_files.file_groups("ledger", paths, [present[0]] * 8, 100)[:2] == [[0, 1], [2]]
+    assert small_files.file_groups(facts, [present[0]] * 8, 100)[:2] == [[0, 1], [2]]
     monkeypatch.setattr(small_files, "SMALL_FILE_BYTES", min(sizes) - 1)
-    assert small_files.file_groups("ledger", paths, [present[0]] * 8, 100) == [[i] for i in range(8)]
+    assert small_files.file_groups(facts, [present[0]] * 8, 100) == [[i] for i in range(8)]
+
+
+def test_empty_files_in_a_group(ledger, tmp_path):
+    n = ledger.num_rows
+    paths = _cut(ledger, tmp_path / "ledger", [0, 10, 10, 10, n // 2, n, n])  # empty ones between
+    assert len(small_files.file_groups(_facts(paths), [ledger.column_names] * len(paths), 10_000)) == 1
+    got = _read_all(tmp_path, "ledger", 10_000)
+    assert got.column("call_id").to_pylist() == ledger.column("call_id").to_pylist()
+    assert read_table(tmp_path, "ledger").column("call_id").to_pylist() == ledger.column("call_id").to_pylist()
 
 
 @pytest.mark.parametrize("bad_file", [0, 3, 8])
@@ -271,3 +291,30 @@ def test_damaged_pages_in_a_group_name_the_file(ledger, tmp_path):
     with pytest.raises(InputError) as exc:
         list(iter_table_batches(tmp_path, "ledger", None, 10_000))
     assert "unreadable Parquet file" in str(exc.value) and exc.value.file == str(paths[3])
+
+
+def test_the_first_bad_file_of_a_group_in_read_order_is_the_error(ledger, tmp_path):
+    """A file with a null id (file 1) before a file with damaged pages (file 3): the null's
+    error, as a file-by-file read gives it, though the scanner may meet the damage first."""
+    col = ledger.column("call_id").to_pylist()
+    step = -(-ledger.num_rows // 5)
+    col[step + 4] = None
+    bad = ledger.set_column(ledger.column_names.index("call_id"), "call_id", pa.array(col, pa.string()))
+    paths = _cut(bad, tmp_path / "ledger", [i * step for i in range(1, 5)], compression="zstd")
+    data = bytearray(paths[3].read_bytes())
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    for i in range(4, footer_start, 7):
+        data[i] ^= 0x5A
+    paths[3].write_bytes(bytes(data))
+    for read in (lambda: list(iter_table_batches(tmp_path, "ledger", None, 10_000)),
+                 lambda: read_table(tmp_path, "ledger")):
+        with pytest.raises(InputError) as exc:
+            read()
+        assert (exc.value.column, exc.value.row, exc.value.file) == ("call_id", 4, str(paths[1]))
+
+
+def test_coalesced_passes_batches_whose_join_overflows_32_bit_offsets():
+    big = "x" * (1 << 20)
+    batches = [pa.record_batch({"id": pa.array([big] * 1100)}) for _ in range(2)]  # 2 x 1.1 GiB
+    got = list(coalesced(iter(batches), 10_000))
+    assert [b.num_rows for b in got] == [1100, 1100]

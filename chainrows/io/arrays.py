@@ -102,8 +102,8 @@ class FirstValue:
 
 def coalesced(batches: Iterable[pa.RecordBatch], max_rows: int) -> Iterator[pa.RecordBatch]:
     """The same rows in the same order, consecutive batches of one schema joined into batches
-    of at most ``max_rows`` rows (a larger batch passes as it is). For narrow columns only (ids,
-    lengths): a joined string column must fit 32-bit offsets.
+    of at most ``max_rows`` rows (a larger batch passes as it is). Batches whose join would not
+    fit 32-bit offsets pass as they are.
 
     A dataset of many small files gives one small batch per file; a caller with a fixed cost
     per batch (a kernel launch, a hash pass) pays it once per ``max_rows`` rows instead."""
@@ -111,16 +111,20 @@ def coalesced(batches: Iterable[pa.RecordBatch], max_rows: int) -> Iterator[pa.R
     rows = 0
     for batch in batches:
         if pending and (rows + batch.num_rows > max_rows or not batch.schema.equals(pending[0].schema)):
-            yield _joined(pending)
+            yield from _joined(pending)
             pending, rows = [], 0
         pending.append(batch)
         rows += batch.num_rows
     if pending:
-        yield _joined(pending)
+        yield from _joined(pending)
 
 
-def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+def _joined(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
     if len(batches) == 1:
-        return batches[0]
-    table = pa.Table.from_batches(batches).combine_chunks()
-    return pa.RecordBatch.from_arrays([one_chunk(c) for c in table.columns], schema=table.schema)
+        return batches
+    table = pa.Table.from_batches(batches)
+    try:
+        columns = [one_chunk(c) for c in table.columns]
+    except (pa.ArrowInvalid, pa.ArrowCapacityError):  # offsets past 2**31 - 1
+        return batches
+    return [pa.RecordBatch.from_arrays(columns, schema=table.schema)]

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from chainrows.io.arrays import offsets_rise_within, offsets_view
 from chainrows.io.errors import InputError
-from chainrows.io.footers import file_facts, one_line as _one_line, reading as _reading
+from chainrows.io.footers import FileFacts, file_facts, one_line as _one_line, reading as _reading
 from chainrows.io.small_files import file_groups, read_group
 from chainrows.io.schema import (
     ACCEPTED_FIELD,
@@ -212,6 +212,7 @@ class TablePlan:
     files: list[Path]
     columns: list[str]                      # output columns, canonical order
     present: list[list[str]] = field(default_factory=list)  # per file: columns read from it
+    facts: list[FileFacts] = field(default_factory=list)  # per file: its footer's facts
 
     @property
     def schema(self) -> pa.Schema:
@@ -223,7 +224,8 @@ def plan_table(dataset_dir: str | os.PathLike, name: str,
                columns: Sequence[str] | None = None) -> TablePlan:
     """List the table's files and check every file's schema (footers only, no data read)."""
     files = table_files(dataset_dir, name)
-    present = [check_schema(name, _read_schema(name, f), f, columns) for f in files]
+    facts = [file_facts(name, f) for f in files]
+    present = [check_schema(name, fa.schema, f, columns) for f, fa in zip(files, facts)]
     wanted = _wanted(name, columns)
     out = [c for c in wanted if c not in OPTIONAL[name] or any(c in p for p in present)]
     for col in out:
@@ -233,11 +235,7 @@ def plan_table(dataset_dir: str | os.PathLike, name: str,
                     raise InputError(f"optional column {col!r} is present in some files of the "
                                      f"table but missing in this one", table=name, file=f,
                                      column=col)
-    return TablePlan(name, files, out, present)
-
-
-def _read_schema(name: str, file: Path) -> pa.Schema:
-    return file_facts(name, file).schema
+    return TablePlan(name, files, out, present, facts)
 
 
 # ----------------------------------------------------------------------------- normalizing
@@ -493,13 +491,19 @@ def read_table(dataset_dir: str | os.PathLike, name: str,
 
 def _read_parts(plan: TablePlan) -> list[pa.Table]:
     """The plan's files as normalized tables: one per file, or one per group of small files."""
-    parts = []
-    for group in file_groups(plan.name, plan.files, plan.present, DEFAULT_BATCH_ROWS):
+    return [_read_file(plan, unit) if isinstance(unit, int) else unit
+            for unit in _grouped(plan, DEFAULT_BATCH_ROWS)]
+
+
+def _grouped(plan: TablePlan, batch_rows: int) -> Iterator[pa.Table | int]:
+    """In read order, for each group of :func:`small_files.file_groups`: the group's normalized
+    table (:func:`_read_small_files`), or, for a file read alone (or a group that fell back),
+    the file's index."""
+    for group in file_groups(plan.facts, plan.present, batch_rows):
         if len(group) > 1 and (table := _read_small_files(plan, group)) is not None:
-            parts.append(table)
+            yield table
         else:
-            parts.extend(_read_file(plan, i) for i in group)
-    return parts
+            yield from group
 
 
 READ_PIECE_BYTES = 64 << 20
@@ -572,13 +576,12 @@ def iter_table_batches(dataset_dir: str | os.PathLike, name: str,
     :func:`table_schema` (a batch keeps 64-bit offsets only if it alone overflows 32-bit ones).
     """
     plan = plan_table(dataset_dir, name, columns)
-    for group in file_groups(name, plan.files, plan.present, batch_rows):
-        if len(group) > 1 and (table := _read_small_files(plan, group)) is not None:
-            yield from table.to_batches(max_chunksize=batch_rows)
-            continue
-        for i in group:
-            yield from _iter_file(plan, plan.files[i], [c for c in plan.present[i] if c in plan.columns],
+    for unit in _grouped(plan, batch_rows):
+        if isinstance(unit, int):
+            yield from _iter_file(plan, plan.files[unit], [c for c in plan.present[unit] if c in plan.columns],
                                   batch_rows)
+        else:
+            yield from unit.to_batches(max_chunksize=batch_rows)
 
 
 def _read_small_files(plan: TablePlan, group: list[int]) -> pa.Table | None:
@@ -588,9 +591,9 @@ def _read_small_files(plan: TablePlan, group: list[int]) -> pa.Table | None:
     first bad file in read order, naming it and its row."""
     files = [plan.files[i] for i in group]
     try:
-        raw = read_group(plan.name, files, [c for c in plan.present[group[0]] if c in plan.columns],
-                         STREAM_BUFFER)
-        if raw.num_rows != sum(file_facts(plan.name, f).num_rows for f in files):
+        raw = read_group(files, plan.facts[group[0]].schema,
+                         [c for c in plan.present[group[0]] if c in plan.columns], STREAM_BUFFER)
+        if raw.num_rows != sum(plan.facts[i].num_rows for i in group):
             return None
         return normalize(plan.name, raw, plan.columns, files[0]).combine_chunks()
     except MemoryError:

@@ -4,8 +4,10 @@ A bulk run asks for every input file's footer several times: the schema checks o
 plan (sizes, the id scan, the stream), the input's uncompressed size, the partitioner's rows per
 batch. On a dataset of thousands of small files those re-reads cost seconds (docs/limits.md,
 "Many small files"), so within :func:`remembered` each file's :class:`FileFacts` are read once;
-outside it every call reads the file. A remembered entry is used only while the file keeps its
-size and modification time.
+outside it every call reads the file. While any block is open, every thread of the process
+shares the one memory; an entry is used only while the file keeps its size, inode, and
+modification and change times (a file rewritten in place gets a new change time, which
+``utime`` cannot set back).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class FileFacts:
     uncompressed_bytes: int
 
 
-_remembered: dict[Path, tuple[tuple[int, int], FileFacts]] | None = None
+_remembered: dict[Path, tuple[tuple[int, int, int, int], FileFacts]] | None = None
 _holders = 0  # blocks of remembered() open, on any thread
 _lock = threading.Lock()
 
@@ -84,7 +86,7 @@ def file_facts(name: str, file: Path) -> FileFacts:
         return _read(name, file)
     with reading(name, file):
         st = os.stat(file)
-    stamp = (st.st_size, st.st_mtime_ns)
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     hit = memory.get(file)
     if hit is not None and hit[0] == stamp:
         return hit[1]

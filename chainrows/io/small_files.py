@@ -15,42 +15,44 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from chainrows.io.footers import file_facts
+from chainrows.io.footers import FileFacts
 
 SMALL_FILE_BYTES = 8 << 20  # uncompressed bytes (footer) of a file read in a group, at most
 GROUP_BYTES = 64 << 20  # uncompressed bytes of a group, at most
 
 
-def file_groups(name: str, files: list[Path], present: list[list[str]], batch_rows: int) -> list[list[int]]:
-    """Indices of ``files`` in read order, cut into groups: a group of several files holds only
-    small files (``SMALL_FILE_BYTES``) of one Arrow schema and one column set (``present``),
-    at most ``batch_rows`` rows and ``GROUP_BYTES`` bytes; every other file is a group alone."""
+def file_groups(facts: list[FileFacts], present: list[list[str]], batch_rows: int) -> list[list[int]]:
+    """Indices of a table's files (``facts``, their footers' facts, in read order) cut into
+    groups: a group of several files holds only small files (``SMALL_FILE_BYTES`` at most) of
+    one Arrow schema and one column set (``present``), at most ``batch_rows`` rows and
+    ``GROUP_BYTES`` bytes; every other file is a group alone."""
     groups: list[list[int]] = []
     rows = size = 0
-    open_group = False  # the last group takes more small files
-    for i, file in enumerate(files):
-        facts = file_facts(name, file)
-        small = facts.uncompressed_bytes <= SMALL_FILE_BYTES and facts.num_rows <= batch_rows
-        if (small and open_group and rows + facts.num_rows <= batch_rows
-                and size + facts.uncompressed_bytes <= GROUP_BYTES and present[i] == present[groups[-1][0]]
-                and facts.schema.equals(file_facts(name, files[groups[-1][0]]).schema)):
+    first: FileFacts | None = None  # of the last group, while it takes more small files
+    for i, f in enumerate(facts):
+        small = f.uncompressed_bytes <= SMALL_FILE_BYTES and f.num_rows <= batch_rows
+        if (small and first is not None and rows + f.num_rows <= batch_rows
+                and size + f.uncompressed_bytes <= GROUP_BYTES and present[i] == present[groups[-1][0]]
+                and f.schema.equals(first.schema)):
             groups[-1].append(i)
-            rows += facts.num_rows
-            size += facts.uncompressed_bytes
+            rows += f.num_rows
+            size += f.uncompressed_bytes
         else:
             groups.append([i])
-            rows, size, open_group = facts.num_rows, facts.uncompressed_bytes, small
+            rows, size, first = f.num_rows, f.uncompressed_bytes, f if small else None
     return groups
 
 
-def read_group(name: str, files: list[Path], columns: list[str], buffer_size: int) -> pa.Table:
-    """The ``columns`` of ``files`` (one Arrow schema, as :func:`file_groups` groups them) as one
-    table, rows in file order, decoded with the settings of the one-file reader (no whole-file
-    pre-buffering, ``buffer_size``). Raises what the scanner raises; the caller reads the
-    files one by one then, for an error that names the file."""
+def read_group(files: list[Path], schema: pa.Schema, columns: list[str], buffer_size: int) -> pa.Table:
+    """The ``columns`` of ``files`` (all of Arrow schema ``schema``, as :func:`file_groups`
+    groups them) as one table, rows in file order, decoded with the settings of the one-file
+    reader (no whole-file pre-buffering, a ``buffer_size`` buffered stream) and Arrow's threads
+    only when its CPU pool has more than one (a tight budget runs Arrow on one,
+    ``io.memory.one_arrow_thread``). Raises what the scanner raises; the caller reads the files
+    one by one then, for an error that names the file."""
     import pyarrow.dataset as pads
 
     fmt = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(
         pre_buffer=False, buffer_size=buffer_size, use_buffered_stream=True))
-    schema = file_facts(name, files[0]).schema
-    return pads.dataset([str(f) for f in files], schema=schema, format=fmt).to_table(columns=columns)
+    return pads.dataset([str(f) for f in files], schema=schema, format=fmt).to_table(
+        columns=columns, use_threads=pa.cpu_count() > 1)
