@@ -225,7 +225,11 @@ def plan_table(dataset_dir: str | os.PathLike, name: str,
     """List the table's files and check every file's schema (footers only, no data read)."""
     files = table_files(dataset_dir, name)
     facts = [file_facts(name, f) for f in files]
-    present = [check_schema(name, fa.schema, f, columns) for f, fa in zip(files, facts)]
+    present, last = [], None  # last: (schema, its present columns), for runs of one schema
+    for f, fa in zip(files, facts):
+        if last is None or not fa.schema.equals(last[0]):  # metadata aside: check_schema ignores it
+            last = (fa.schema, check_schema(name, fa.schema, f, columns))
+        present.append(last[1])
     wanted = _wanted(name, columns)
     out = [c for c in wanted if c not in OPTIONAL[name] or any(c in p for p in present)]
     for col in out:
