@@ -245,3 +245,13 @@ def one_call(rollout_id: str, group_id: str | None = "g", reward=1.0, **kw) -> R
     b.call("c1", None, [1, 2], [3], [message(f"answer of {rollout_id}", f"msg_{rollout_id}")])
     b.output(["c1"])
     return b
+
+
+def scribble_pages(path) -> None:
+    """Flip bits all over a Parquet file's data pages, its footer left intact (the schema still
+    reads; decoding fails)."""
+    data = bytearray(path.read_bytes())
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    for i in range(4, footer_start, 7):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))

@@ -48,6 +48,8 @@ from chainrows.io.write import (
     write_dataset_atomic,
 )
 
+from builders import scribble_pages
+
 # ----------------------------------------------------------------------------- fixtures
 
 def _ledger_rows(n_rollouts=2):
@@ -259,11 +261,7 @@ def test_corrupt_data_pages_after_good_footer(tmp_path):
     ledger = tables_from_pylists(_ledger_rows(200), [], [])[0]
     path = tmp_path / "ledger.parquet"
     pq.write_table(ledger, path, compression="zstd")
-    data = bytearray(path.read_bytes())
-    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-    for i in range(4, footer_start, 7):  # scribble over every page, keep the footer intact
-        data[i] ^= 0x5A
-    path.write_bytes(bytes(data))
+    scribble_pages(path)
     assert check_schema("ledger", pq.read_schema(path), path)  # footer still fine
     msg = _err(read_table, tmp_path, "ledger")
     assert msg.startswith("ledger: unreadable Parquet file: ") and msg.endswith(f"(file {path})")

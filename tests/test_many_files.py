@@ -23,6 +23,7 @@ from chainrows.io.dataset import TABLES, iter_table_batches, plan_table, read_ta
 from chainrows.io.errors import InputError
 from chainrows.synth import write_synth_dataset
 
+from builders import scribble_pages
 from outputs import output_bytes
 
 
@@ -283,11 +284,7 @@ def test_a_group_short_of_its_footers_rows_is_read_file_by_file(many_files, monk
 def test_damaged_pages_in_a_group_name_the_file(ledger, tmp_path):
     step = -(-ledger.num_rows // 5)
     paths = _cut(ledger, tmp_path / "ledger", [i * step for i in range(1, 5)], compression="zstd")
-    data = bytearray(paths[3].read_bytes())
-    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-    for i in range(4, footer_start, 7):  # every page scribbled over, the footer intact
-        data[i] ^= 0x5A
-    paths[3].write_bytes(bytes(data))
+    scribble_pages(paths[3])
     with pytest.raises(InputError) as exc:
         list(iter_table_batches(tmp_path, "ledger", None, 10_000))
     assert "unreadable Parquet file" in str(exc.value) and exc.value.file == str(paths[3])
@@ -301,11 +298,7 @@ def test_the_first_bad_file_of_a_group_in_read_order_is_the_error(ledger, tmp_pa
     col[step + 4] = None
     bad = ledger.set_column(ledger.column_names.index("call_id"), "call_id", pa.array(col, pa.string()))
     paths = _cut(bad, tmp_path / "ledger", [i * step for i in range(1, 5)], compression="zstd")
-    data = bytearray(paths[3].read_bytes())
-    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-    for i in range(4, footer_start, 7):
-        data[i] ^= 0x5A
-    paths[3].write_bytes(bytes(data))
+    scribble_pages(paths[3])
     for read in (lambda: list(iter_table_batches(tmp_path, "ledger", None, 10_000)),
                  lambda: read_table(tmp_path, "ledger")):
         with pytest.raises(InputError) as exc:

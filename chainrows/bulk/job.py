@@ -35,9 +35,9 @@ from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
 from chainrows.bulk.windows import plan_windows, scan
 from chainrows.engine.threads import inherit_threads
-from chainrows.io.dataset import TABLES, read_dataset, table_files, table_schema
+from chainrows.io.dataset import TABLES, footer_totals, read_dataset, table_files, table_schema
 from chainrows.io.errors import InputError
-from chainrows.io.footers import file_facts, remembered
+from chainrows.io.footers import remembered
 from chainrows.io.memory import one_arrow_thread, process_peak_rss
 from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
@@ -324,9 +324,7 @@ def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int,
 
 def _batch_rows(dataset_dir, batch_bytes: int) -> int:
     """Rows per input batch while partitioning: about ``batch_bytes`` of tokens per batch."""
-    facts = [file_facts("tokens", f) for f in table_files(dataset_dir, "tokens")]
-    rows = sum(f.num_rows for f in facts)
-    size = sum(f.uncompressed_bytes for f in facts)
+    rows, size = footer_totals(dataset_dir, "tokens")
     return int(max(64, min(1 << 20, batch_bytes / max(size / max(rows, 1), 1.0))))
 
 

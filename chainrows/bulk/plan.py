@@ -16,8 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from chainrows.io.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
-from chainrows.io.dataset import TABLES, table_files, table_schema
-from chainrows.io.footers import file_facts
+from chainrows.io.dataset import TABLES, footer_totals
 from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
 from chainrows.options import Options
 
@@ -55,10 +54,7 @@ def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
 def input_bytes(dataset_dir) -> dict[str, int]:
     """Uncompressed bytes of each table, from Parquet footers (no data read). Every file's
     schema is checked first, so unusable input fails before any work."""
-    for name in TABLES:
-        table_schema(dataset_dir, name)
-    return {name: sum(file_facts(name, f).uncompressed_bytes for f in table_files(dataset_dir, name))
-            for name in TABLES}
+    return {name: footer_totals(dataset_dir, name)[1] for name in TABLES}
 
 
 def spill_format(work_parent, total_bytes: int) -> pa.ipc.IpcWriteOptions:

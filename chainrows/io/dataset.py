@@ -514,11 +514,11 @@ READ_PIECE_BYTES = 64 << 20
 READ_BATCH_BYTES = 8 << 20
 
 
-def _read_batch_rows(md: pq.FileMetaData) -> int:
+def _read_batch_rows(facts: FileFacts) -> int:
     """Rows per decoded batch: about READ_BATCH_BYTES of the file's uncompressed pages (smaller
     batches hold fewer decoding buffers at once), at least 1,024 rows."""
-    size = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
-    return max(1024, min(DEFAULT_BATCH_ROWS, READ_BATCH_BYTES * md.num_rows // max(1, size)))
+    return max(1024, min(DEFAULT_BATCH_ROWS,
+                         READ_BATCH_BYTES * facts.num_rows // max(1, facts.uncompressed_bytes)))
 
 
 def _read_file(plan: TablePlan, i: int) -> pa.Table:
@@ -532,7 +532,7 @@ def _read_file(plan: TablePlan, i: int) -> pa.Table:
     with _reading(plan.name, file):
         pf = _stream_reader(file)
         pieces, pending, pending_bytes = [], [], 0
-        for batch in pf.iter_batches(batch_size=_read_batch_rows(pf.metadata), columns=columns):
+        for batch in pf.iter_batches(batch_size=_read_batch_rows(plan.facts[i]), columns=columns):
             pending.append(batch)
             pending_bytes += batch.nbytes
             if pending_bytes >= READ_PIECE_BYTES:
@@ -641,6 +641,13 @@ def _guard(batches: Iterable, name: str, file: Path):
         if batch is None:
             return
         yield batch
+
+
+def footer_totals(dataset_dir: str | os.PathLike, name: str) -> tuple[int, int]:
+    """Rows and uncompressed bytes of table ``name``, from its files' footers (every file's
+    schema checked; no data read)."""
+    facts = plan_table(dataset_dir, name).facts
+    return sum(f.num_rows for f in facts), sum(f.uncompressed_bytes for f in facts)
 
 
 def table_schema(dataset_dir: str | os.PathLike, name: str,

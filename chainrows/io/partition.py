@@ -25,9 +25,8 @@ from chainrows.engine.threads import wait_out
 from chainrows.engine.dense import dense_codes
 from chainrows.io.arrays import FirstValue, coalesced, one_chunk, string_parts
 from chainrows.io.digest import file_digest
-from chainrows.io.dataset import TABLES, iter_table_batches, table_files, table_schema
+from chainrows.io.dataset import TABLES, footer_totals, iter_table_batches, table_schema
 from chainrows.io.errors import InputError, writing
-from chainrows.io.footers import file_facts
 from chainrows.io.memory import release_memory
 from chainrows.io.take import take_rows
 
@@ -233,9 +232,7 @@ def _partition_table(dataset_dir, name: str, dirs: list[Path], router: Router, b
     # The bar's total is the footers' uncompressed bytes (what the planner sizes a run by),
     # while Arrow batches hold more (offsets, validity): advance by each batch's share of
     # its table's footer bytes, so the bar ends exactly at its total, never past it.
-    facts = [file_facts(name, f) for f in table_files(dataset_dir, name)]
-    table_rows = sum(f.num_rows for f in facts)
-    table_bytes = sum(f.uncompressed_bytes for f in facts)
+    table_rows, table_bytes = footer_totals(dataset_dir, name)
     rows_seen = bytes_shown = 0
     try:
         for batch in iter_table_batches(dataset_dir, name, None, batch_rows):

@@ -28,18 +28,18 @@ def file_groups(facts: list[FileFacts], present: list[list[str]], batch_rows: in
     ``GROUP_BYTES`` bytes; every other file is a group alone."""
     groups: list[list[int]] = []
     rows = size = 0
-    first: FileFacts | None = None  # of the last group, while it takes more small files
+    first: int | None = None  # the last group's first file, while the group takes more small files
     for i, f in enumerate(facts):
         small = f.uncompressed_bytes <= SMALL_FILE_BYTES and f.num_rows <= batch_rows
         if (small and first is not None and rows + f.num_rows <= batch_rows
-                and size + f.uncompressed_bytes <= GROUP_BYTES and present[i] == present[groups[-1][0]]
-                and f.schema.equals(first.schema)):
+                and size + f.uncompressed_bytes <= GROUP_BYTES and present[i] == present[first]
+                and f.schema.equals(facts[first].schema)):
             groups[-1].append(i)
             rows += f.num_rows
             size += f.uncompressed_bytes
         else:
             groups.append([i])
-            rows, size, first = f.num_rows, f.uncompressed_bytes, f if small else None
+            rows, size, first = f.num_rows, f.uncompressed_bytes, i if small else None
     return groups
 
 
