@@ -19,7 +19,7 @@ from chainrows.bulk import windows
 from chainrows.io import dataset as dsmod
 from chainrows.io import footers, small_files
 from chainrows.io.arrays import coalesced
-from chainrows.io.dataset import TABLES, iter_table_batches, plan_table, read_table
+from chainrows.io.dataset import TABLES, TablePlan, iter_table_batches, plan_table, read_table
 from chainrows.io.errors import InputError
 from chainrows.synth import write_synth_dataset
 
@@ -227,8 +227,10 @@ def test_groups_of_small_files_give_the_rows_of_one_file(many_files, batch_rows,
         assert not groups
 
 
-def _facts(paths):
-    return [footers.file_facts("ledger", p) for p in paths]
+def _plan(paths, present, name="ledger"):
+    """A TablePlan of ``paths`` reading ``present[i]`` from file i (file_groups' input)."""
+    columns = list(dict.fromkeys(c for p in present for c in p))
+    return TablePlan(name, list(paths), columns, present, [footers.file_facts(name, p) for p in paths])
 
 
 def test_file_groups_keep_to_rows_bytes_schema_and_columns(tmp_path, monkeypatch):
@@ -238,21 +240,22 @@ def test_file_groups_keep_to_rows_bytes_schema_and_columns(tmp_path, monkeypatch
                    paths[2])  # another Arrow schema: a group of its own... and starts the next
     present = [["rollout_id", "n"]] * 8
     present[6] = ["rollout_id"]
-    facts = _facts(paths)
-    groups = small_files.file_groups(facts, present, batch_rows=15)
+    plan = _plan(paths, present)
+    groups = small_files.file_groups(plan, batch_rows=15)
     assert groups == [[0, 1], [2], [3, 4, 5], [6], [7]]
-    assert small_files.file_groups(facts, present, batch_rows=4) == [[i] for i in range(8)]
-    sizes = [f.uncompressed_bytes for f in facts]
+    assert small_files.file_groups(plan, batch_rows=4) == [[i] for i in range(8)]
+    whole = _plan(paths, [present[0]] * 8)
+    sizes = [whole.read_bytes(i) for i in range(8)]
     monkeypatch.setattr(small_files, "GROUP_BYTES", sizes[0] + sizes[1])
-    assert small_files.file_groups(facts, [present[0]] * 8, 100)[:2] == [[0, 1], [2]]
+    assert small_files.file_groups(whole, 100)[:2] == [[0, 1], [2]]
     monkeypatch.setattr(small_files, "SMALL_FILE_BYTES", min(sizes) - 1)
-    assert small_files.file_groups(facts, [present[0]] * 8, 100) == [[i] for i in range(8)]
+    assert small_files.file_groups(whole, 100) == [[i] for i in range(8)]
 
 
 def test_empty_files_in_a_group(ledger, tmp_path):
     n = ledger.num_rows
     paths = _cut(ledger, tmp_path / "ledger", [0, 10, 10, 10, n // 2, n, n])  # empty ones between
-    assert len(small_files.file_groups(_facts(paths), [ledger.column_names] * len(paths), 10_000)) == 1
+    assert len(small_files.file_groups(_plan(paths, [ledger.column_names] * len(paths)), 10_000)) == 1
     got = _read_all(tmp_path, "ledger", 10_000)
     assert got.column("call_id").to_pylist() == ledger.column("call_id").to_pylist()
     assert read_table(tmp_path, "ledger").column("call_id").to_pylist() == ledger.column("call_id").to_pylist()

@@ -219,6 +219,15 @@ class TablePlan:
         """Canonical output schema (large-offset fallbacks aside)."""
         return pa.schema([CANONICAL[self.name].field(c) for c in self.columns])
 
+    def read_columns(self, i: int) -> list[str]:
+        """The columns read from file ``i``: the output columns it has."""
+        return [c for c in self.present[i] if c in self.columns]
+
+    def read_bytes(self, i: int) -> int:
+        """Uncompressed bytes of the columns read from file ``i`` (its footer): what reading it
+        decodes, whatever other columns the file carries."""
+        return self.facts[i].bytes_of(self.read_columns(i))
+
 
 def plan_table(dataset_dir: str | os.PathLike, name: str,
                columns: Sequence[str] | None = None) -> TablePlan:
@@ -503,7 +512,7 @@ def _grouped(plan: TablePlan, batch_rows: int) -> Iterator[pa.Table | int]:
     """In read order, for each group of :func:`small_files.file_groups`: the group's normalized
     table (:func:`_read_small_files`), or, for a file read alone (or a group that fell back),
     the file's index."""
-    for group in file_groups(plan.facts, plan.present, batch_rows):
+    for group in file_groups(plan, batch_rows):
         if len(group) > 1 and (table := _read_small_files(plan, group)) is not None:
             yield table
         else:
@@ -514,11 +523,11 @@ READ_PIECE_BYTES = 64 << 20
 READ_BATCH_BYTES = 8 << 20
 
 
-def _read_batch_rows(facts: FileFacts) -> int:
-    """Rows per decoded batch: about READ_BATCH_BYTES of the file's uncompressed pages (smaller
-    batches hold fewer decoding buffers at once), at least 1,024 rows."""
+def _read_batch_rows(plan: TablePlan, i: int) -> int:
+    """Rows per decoded batch of file ``i``: about READ_BATCH_BYTES of the uncompressed pages of
+    the columns read (smaller batches hold fewer decoding buffers at once), at least 1,024 rows."""
     return max(1024, min(DEFAULT_BATCH_ROWS,
-                         READ_BATCH_BYTES * facts.num_rows // max(1, facts.uncompressed_bytes)))
+                         READ_BATCH_BYTES * plan.facts[i].num_rows // max(1, plan.read_bytes(i))))
 
 
 def _read_file(plan: TablePlan, i: int) -> pa.Table:
@@ -527,12 +536,11 @@ def _read_file(plan: TablePlan, i: int) -> pa.Table:
     whole-file read decodes every row group before it concatenates them (on dictionary-encoded
     token lists a peak of ~4x the table, docs/limits.md "Memory budget"); one chunk per batch
     would leave small chunks to be copied into larger buffers later."""
-    file, present = plan.files[i], plan.present[i]
-    columns = [c for c in present if c in plan.columns]
+    file, columns = plan.files[i], plan.read_columns(i)
     with _reading(plan.name, file):
         pf = _stream_reader(file)
         pieces, pending, pending_bytes = [], [], 0
-        for batch in pf.iter_batches(batch_size=_read_batch_rows(plan.facts[i]), columns=columns):
+        for batch in pf.iter_batches(batch_size=_read_batch_rows(plan, i), columns=columns):
             pending.append(batch)
             pending_bytes += batch.nbytes
             if pending_bytes >= READ_PIECE_BYTES:
@@ -582,8 +590,7 @@ def iter_table_batches(dataset_dir: str | os.PathLike, name: str,
     plan = plan_table(dataset_dir, name, columns)
     for unit in _grouped(plan, batch_rows):
         if isinstance(unit, int):
-            yield from _iter_file(plan, plan.files[unit], [c for c in plan.present[unit] if c in plan.columns],
-                                  batch_rows)
+            yield from _iter_file(plan, plan.files[unit], plan.read_columns(unit), batch_rows)
         else:
             yield from unit.to_batches(max_chunksize=batch_rows)
 
@@ -595,8 +602,7 @@ def _read_small_files(plan: TablePlan, group: list[int]) -> pa.Table | None:
     first bad file in read order, naming it and its row."""
     files = [plan.files[i] for i in group]
     try:
-        raw = read_group(files, plan.facts[group[0]].schema,
-                         [c for c in plan.present[group[0]] if c in plan.columns], STREAM_BUFFER)
+        raw = read_group(files, plan.facts[group[0]].schema, plan.read_columns(group[0]), STREAM_BUFFER)
         if raw.num_rows != sum(plan.facts[i].num_rows for i in group):
             return None
         return normalize(plan.name, raw, plan.columns, files[0]).combine_chunks()
@@ -644,10 +650,11 @@ def _guard(batches: Iterable, name: str, file: Path):
 
 
 def footer_totals(dataset_dir: str | os.PathLike, name: str) -> tuple[int, int]:
-    """Rows and uncompressed bytes of table ``name``, from its files' footers (every file's
-    schema checked; no data read)."""
-    facts = plan_table(dataset_dir, name).facts
-    return sum(f.num_rows for f in facts), sum(f.uncompressed_bytes for f in facts)
+    """Rows of table ``name`` and uncompressed bytes of the columns chainrows reads from it,
+    from its files' footers (every file's schema checked; no data read). Other columns a
+    capture carries beside the SPEC's do not count: they are never read."""
+    plan = plan_table(dataset_dir, name)
+    return sum(f.num_rows for f in plan.facts), sum(plan.read_bytes(i) for i in range(len(plan.files)))
 
 
 def table_schema(dataset_dir: str | os.PathLike, name: str,

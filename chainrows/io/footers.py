@@ -17,7 +17,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,12 +27,49 @@ from chainrows.io.errors import InputError
 
 @dataclass(frozen=True)
 class FileFacts:
-    """A Parquet file's Arrow schema (as ``pq.read_schema`` gives it), its row count and the
-    uncompressed bytes of its row groups."""
+    """A Parquet file's Arrow schema (as ``pq.read_schema`` gives it), its row count, and the
+    uncompressed bytes of its row groups: in all (``total_bytes``) and per top-level column
+    (``column_bytes``; None when the footer's leaf columns could not be matched to the schema's
+    fields)."""
 
     schema: pa.Schema
     num_rows: int
-    uncompressed_bytes: int
+    total_bytes: int
+    column_bytes: Mapping[str, int] | None = None
+
+    def bytes_of(self, columns: Iterable[str]) -> int:
+        """Uncompressed bytes of the named top-level columns (a name the file lacks counts 0):
+        what reading those columns decodes. Columns a run does not read (a capture's request
+        text, its transcripts) do not count. ``total_bytes`` when the split is unknown."""
+        if self.column_bytes is None:
+            return self.total_bytes
+        return sum(self.column_bytes.get(c, 0) for c in columns)
+
+
+def column_bytes(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, int] | None:
+    """Uncompressed bytes of each top-level field of ``schema`` (the file's Arrow schema),
+    summed over the row groups of ``metadata`` (its footer). A footer lists leaf columns in the
+    schema's depth-first order, so each field owns the next as many leaves as it has (a list one
+    per leaf of its values, a struct its children's, a map its keys' and values'). None when
+    the leaf counts do not add up to the footer's columns."""
+    leaves = [_leaves(f.type) for f in schema]
+    if sum(leaves) != metadata.num_columns:
+        return None
+    out = dict.fromkeys(schema.names, 0)
+    for g in range(metadata.num_row_groups):
+        rg = metadata.row_group(g)
+        j = 0
+        for name, n in zip(schema.names, leaves):
+            out[name] += sum(rg.column(j + k).total_uncompressed_size for k in range(n))
+            j += n
+    return out
+
+
+def _leaves(t: pa.DataType) -> int:
+    if isinstance(t, pa.ExtensionType):
+        t = t.storage_type
+    n = t.num_fields
+    return 1 if n == 0 else sum(_leaves(t.field(i).type) for i in range(n))
 
 
 _remembered: dict[Path, tuple[tuple[int, int, int, int], FileFacts]] | None = None
@@ -97,7 +134,11 @@ def file_facts(name: str, file: Path) -> FileFacts:
 
 def _read(name: str, file: Path) -> FileFacts:
     with reading(name, file):
-        pf = pq.ParquetFile(file)
-        md = pf.metadata
-        return FileFacts(pf.schema_arrow, md.num_rows,
-                         sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)))
+        return facts_of(pq.ParquetFile(file))
+
+
+def facts_of(pf: pq.ParquetFile) -> FileFacts:
+    """The facts of an open Parquet file, from its footer."""
+    md, schema = pf.metadata, pf.schema_arrow
+    return FileFacts(schema, md.num_rows, sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)),
+                     column_bytes(md, schema))

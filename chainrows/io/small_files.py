@@ -12,34 +12,37 @@ than one batch of the reader would, so memory stays what the batch size plans.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from chainrows.io.footers import FileFacts
+if TYPE_CHECKING:  # dataset.py imports this module
+    from chainrows.io.dataset import TablePlan
 
-SMALL_FILE_BYTES = 8 << 20  # uncompressed bytes (footer) of a file read in a group, at most
+SMALL_FILE_BYTES = 8 << 20  # uncompressed bytes (footer) of the columns read of a file read in a group, at most
 GROUP_BYTES = 64 << 20  # uncompressed bytes of a group, at most
 
 
-def file_groups(facts: list[FileFacts], present: list[list[str]], batch_rows: int) -> list[list[int]]:
-    """Indices of a table's files (``facts``, their footers' facts, in read order) cut into
-    groups: a group of several files holds only small files (``SMALL_FILE_BYTES`` at most) of
-    one Arrow schema and one column set (``present``), at most ``batch_rows`` rows and
+def file_groups(plan: TablePlan, batch_rows: int) -> list[list[int]]:
+    """Indices of the files of a table's ``plan`` (in read order) cut into groups: a group of
+    several files holds only small files (``SMALL_FILE_BYTES`` at most of the columns read) of
+    one Arrow schema and one set of columns read, at most ``batch_rows`` rows and
     ``GROUP_BYTES`` bytes; every other file is a group alone."""
     groups: list[list[int]] = []
     rows = size = 0
     first: int | None = None  # the last group's first file, while the group takes more small files
-    for i, f in enumerate(facts):
-        small = f.uncompressed_bytes <= SMALL_FILE_BYTES and f.num_rows <= batch_rows
+    for i, f in enumerate(plan.facts):
+        nbytes = plan.read_bytes(i)
+        small = nbytes <= SMALL_FILE_BYTES and f.num_rows <= batch_rows
         if (small and first is not None and rows + f.num_rows <= batch_rows
-                and size + f.uncompressed_bytes <= GROUP_BYTES and present[i] == present[first]
-                and f.schema.equals(facts[first].schema)):
+                and size + nbytes <= GROUP_BYTES and plan.read_columns(i) == plan.read_columns(first)
+                and f.schema.equals(plan.facts[first].schema)):
             groups[-1].append(i)
             rows += f.num_rows
-            size += f.uncompressed_bytes
+            size += nbytes
         else:
             groups.append([i])
-            rows, size, first = f.num_rows, f.uncompressed_bytes, i if small else None
+            rows, size, first = f.num_rows, nbytes, i if small else None
     return groups
 
 

@@ -122,13 +122,16 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options
 
 
 def _input_bytes(src: Location, tables) -> int:
-    """Uncompressed input bytes from the footers (the single-process summary's figure)."""
+    """Uncompressed bytes of the columns read, from the footers (the single-process summary's
+    figure: other columns a capture carries do not count)."""
     import pyarrow.parquet as pq
+
+    from chainrows.io.footers import facts_of
 
     total = 0
     for tf in tables.values():
-        for path in tf.paths:
+        for path, present in zip(tf.paths, tf.present):
             with src.fs.open_input_file(path) as fh:
-                md = pq.read_metadata(fh)
-            total += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+                facts = facts_of(pq.ParquetFile(fh))
+            total += facts.bytes_of(c for c in present if c in tf.columns)
     return total
