@@ -1,11 +1,12 @@
 """The command line on user-shaped data, against the pyarrow floor, in one run.
 
 For each shape of ``asv_benchmarks.shapes`` (capture order, token rows shuffled, many short
-calls, and the capture order cut into 1,000 small files per table) at ``--gb`` of token +
-logprob bytes:
+calls, the capture order cut into 1,000 small files per table, and the capture order with ~1 GB
+of request text and transcripts beside the SPEC's columns) at ``--gb`` of token + logprob bytes:
 
 - CLI: ``chainrows reassemble DATA OUT`` at default settings in a fresh process (warm kernel
-  cache), against a fresh process that reads the three tables with pyarrow and writes the same
+  cache), against a fresh process that reads the three tables with pyarrow (the columns
+  chainrows reads: neither reads the ``wide`` shape's text) and writes the same
   rows and report tables (same codec, no dictionary). Two ratios: the CLI's process wall over
   the floor's timed read + write (interpreter start and imports not counted), and over the
   floor's whole process wall. Runs are interleaved, best of ``--repeats``; peak RSS is each
@@ -38,15 +39,15 @@ import time
 from pathlib import Path
 
 from asv_benchmarks import common
-from asv_benchmarks.shapes import SHAPES, SPLIT_SHAPES, split_dataset, write_shaped_dataset
+from asv_benchmarks.shapes import DERIVED_SHAPES, SHAPES, write_shaped_dataset
 
 _FLOOR = r"""
 import json, sys, time
 import pyarrow.parquet as pq
-src, outs, dst = sys.argv[1], sys.argv[2], sys.argv[3]
+src, outs, dst, columns = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 t0 = time.perf_counter()
 for name in ("ledger", "tokens", "rollouts"):
-    pq.read_table(f"{src}/{name}")
+    pq.read_table(f"{src}/{name}", columns=columns[name])
 t1 = time.perf_counter()
 for name, stored in (("rows", "rows"), ("report", "report.parquet")):
     table = pq.read_table(f"{outs}/{stored}")  # untimed: the tables to write
@@ -74,9 +75,9 @@ def dataset(shape: str, gb: float, seed: int = 0) -> Path:
     """The shaped dataset, written once under the benchmark cache."""
     path = common.cache_root() / f"shape-{shape}-{gb:g}gb-s{seed}-{common._synth_version()}"
     if not (path / "tokens").exists():
-        if shape in SPLIT_SHAPES:
-            source, files = SPLIT_SHAPES[shape]
-            split_dataset(dataset(source, gb, seed), path, files)
+        if shape in DERIVED_SHAPES:
+            source, make = DERIVED_SHAPES[shape]
+            make(dataset(source, gb, seed), path)
         else:
             write_shaped_dataset(path, shape, int(gb * 1e9), seed)
     return path
@@ -100,14 +101,22 @@ def _floor(src: Path, outs: Path, dst: Path) -> dict:
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", _FLOOR, str(src), str(outs), str(dst)], capture_output=True,
-                       text=True, env=common.probe_env())
+    p = subprocess.run([sys.executable, "-c", _FLOOR, str(src), str(outs), str(dst), json.dumps(_read_columns(src))],
+                       capture_output=True, text=True, env=common.probe_env())
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(p.stderr.strip()[-400:])
     info = json.loads(p.stdout.strip().splitlines()[-1])
     info["wall"] = wall
     return info
+
+
+def _read_columns(src: Path) -> dict[str, list[str]]:
+    """Per table, the columns chainrows reads, which the floor reads too: other columns a
+    capture carries (the ``wide`` shape's text) are read by neither."""
+    from chainrows.io.dataset import TABLES, plan_table
+
+    return {name: plan_table(src, name).columns for name in TABLES}
 
 
 def _copy_seconds(nbytes: int, repeats: int) -> float:
@@ -266,7 +275,7 @@ def cli_line(r: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.bulk_shapes", description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=2.1)
-    ap.add_argument("--shapes", default=",".join([*SHAPES, *SPLIT_SHAPES]))
+    ap.add_argument("--shapes", default=",".join([*SHAPES, *DERIVED_SHAPES]))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--work", default=None, help="where outputs go (default: the benchmark cache)")
     ap.add_argument("--api", action="store_true", help="also the API against the copy floor")

@@ -13,14 +13,17 @@ rollouts, then reshapes it the way historical dumps look:
 
 Shapes (``SHAPES``): ``capture`` (long calls, ~1,700 tokens each, as in a coding agent),
 ``shuffled`` (the same, token rows permuted over the whole table), ``short`` (many short calls,
-~60 tokens each, so per-call costs dominate). Derived shapes (``SPLIT_SHAPES``) are another
-shape's files cut into many small part files (``split_dataset``): ``files``, the capture shape
-in 1,000 files per table, as many workers or a Spark / Ray job leave a capture.
+~60 tokens each, so per-call costs dominate). Derived shapes (``DERIVED_SHAPES``) are made
+from another shape's files: ``files``, the capture shape in 1,000 files per table, as many
+workers or a Spark / Ray job leave a capture (``split_dataset``); ``wide``, the capture shape
+with the columns a real capture carries beside the SPEC's, each call's request text and each
+rollout's transcript, ~1 GB of text that a run never reads (``widen_dataset``).
 """
 
 from __future__ import annotations
 
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +43,8 @@ CHUNK_ROLLOUTS = 1024
 MIN_CHUNK_ROLLOUTS = 32
 GROUP_ROWS = {"ledger": 16384, "tokens": 2048, "rollouts": 4096}
 FILES_PER_TABLE = 4
-SPLIT_SHAPES = {"files": ("capture", 1000)}  # shape -> (shape it cuts, files per table)
+WIDE_CHARS_PER_TOKEN = 4  # request text per token of a call's delta
+WIDE_TRANSCRIPT_CHARS = (2_000, 20_000)  # a rollout's transcript, uniform
 
 
 def _hex_ids(rng: np.random.Generator, n: int) -> pa.Array:
@@ -159,6 +163,56 @@ def split_dataset(src, out, files_per_table: int) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def _text(rng: np.random.Generator, pool: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """Strings of the given lengths cut from random places of ``pool`` (text-like bytes, which
+    compress about as prose does)."""
+    lengths = np.asarray(lengths, np.int64)
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    starts = rng.integers(0, len(pool) - int(lengths.max(initial=0)), len(lengths))
+    data = pool[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])]
+    return pa.LargeStringArray.from_buffers(len(lengths), pa.py_buffer(offsets), pa.py_buffer(data))
+
+
+def widen_dataset(src, out, seed: int = 0) -> Path:
+    """Write ``src``'s tables to ``out`` (replaced), file for file and row group for row group
+    as ``GROUP_ROWS`` has them, with the columns a real capture carries beside the SPEC's:
+    ledger ``request_text`` (``WIDE_CHARS_PER_TOKEN`` characters per token of the call's delta)
+    and ``model``, rollouts ``transcript_json`` (``WIDE_TRANSCRIPT_CHARS``)."""
+    from chainrows.io.write import WRITE_OPTIONS
+
+    src, out = Path(src), Path(out)
+    rng = np.random.default_rng(seed)
+    words = np.array([b"w%x" % i for i in range(4096)])
+    pool = np.frombuffer(b" ".join(rng.choice(words, 2_000_000)), np.uint8)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name in ("ledger", "tokens", "rollouts"):
+        (tmp / name).mkdir(parents=True)
+        for f in sorted((src / name).glob("*.parquet")):
+            table = pq.read_table(f)
+            if name == "ledger":
+                delta = table["delta_len"].to_numpy(zero_copy_only=False)
+                table = table.append_column("request_text", _text(rng, pool, delta * WIDE_CHARS_PER_TOKEN))
+                table = table.append_column("model", pa.array(["policy-v3"] * table.num_rows))
+            elif name == "rollouts":
+                table = table.append_column("transcript_json", _text(rng, pool, rng.integers(
+                    *WIDE_TRANSCRIPT_CHARS, table.num_rows)))
+            pq.write_table(table, tmp / name / f.name, row_group_size=GROUP_ROWS[name],
+                           compression=WRITE_OPTIONS["compression"],
+                           compression_level=WRITE_OPTIONS["compression_level"])
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+# shape -> (the shape it is made from, how: ``make(src, out)``)
+DERIVED_SHAPES = {
+    "files": ("capture", partial(split_dataset, files_per_table=1000)),
+    "wide": ("capture", widen_dataset),
+}
 
 
 if __name__ == "__main__":

@@ -588,9 +588,9 @@ def main(argv=None) -> int:
         if "parquet" not in skip:
             parquet_to_parquet(rep, n, repeats, tmp)
         if "shapes" not in skip:
-            from asv_benchmarks.shapes import SHAPES, SPLIT_SHAPES
+            from asv_benchmarks.shapes import DERIVED_SHAPES, SHAPES
 
-            shapes = a.shapes or ("capture" if a.quick else ",".join([*SHAPES, *SPLIT_SHAPES]))
+            shapes = a.shapes or ("capture" if a.quick else ",".join([*SHAPES, *DERIVED_SHAPES]))
             user_shapes(rep, [x.strip() for x in shapes.split(",") if x.strip()],
                         a.shapes_gb or (0.004 if a.quick else 2.1), repeats, tmp)
         if "startup" not in skip:

@@ -154,13 +154,39 @@ def test_shaped_datasets_have_the_shapes_they_claim(tmp_path):
 
 def test_split_shape_is_its_source_in_many_files_read_in_order(tmp_path):
     """``files``: the capture shape's tables, row for row in read order, in many part files."""
-    from asv_benchmarks.shapes import SPLIT_SHAPES, split_dataset, write_shaped_dataset
+    from asv_benchmarks.shapes import DERIVED_SHAPES, split_dataset, write_shaped_dataset
     from chainrows.io.dataset import read_dataset
 
-    source, _ = SPLIT_SHAPES["files"]
+    source, _ = DERIVED_SHAPES["files"]
     src = write_shaped_dataset(tmp_path / "src", source, 500_000, seed=2)
     out = split_dataset(src, tmp_path / "files", 23)
     a, b = read_dataset(src), read_dataset(out)
     for name in ("ledger", "tokens", "rollouts"):
         assert len(list((out / name).glob("*.parquet"))) == 23
         assert getattr(b, name).equals(getattr(a, name)), name
+
+
+def test_wide_shape_is_its_source_with_text_a_run_never_reads(tmp_path):
+    """``wide``: the capture shape's rows and files, with request text and transcripts that
+    outweigh the SPEC's columns; the same output, and the same input size in the summary."""
+    import pyarrow.parquet as pq
+
+    from asv_benchmarks.shapes import DERIVED_SHAPES, write_shaped_dataset
+    from chainrows import bulk
+    from chainrows.io.dataset import footer_totals, plan_table, read_dataset
+
+    source, make = DERIVED_SHAPES["wide"]
+    src = write_shaped_dataset(tmp_path / "src", source, 500_000, seed=2)
+    out = make(src, tmp_path / "wide")
+    a, b = read_dataset(src), read_dataset(out)
+    for name in ("ledger", "tokens", "rollouts"):
+        assert [f.name for f in b.files[name]] == [f.name for f in a.files[name]]
+        assert getattr(b, name).equals(getattr(a, name)), name
+        assert footer_totals(out, name) == footer_totals(src, name), name
+    whole = sum(f.total_bytes for name in ("ledger", "rollouts") for f in plan_table(out, name).facts)
+    assert whole > 10 * sum(footer_totals(src, name)[1] for name in ("ledger", "rollouts"))
+    assert "request_text" in pq.read_schema(b.files["ledger"][0]).names
+    sa, sb = bulk.run(src, tmp_path / "oa"), bulk.run(out, tmp_path / "ob")
+    assert sb.input_bytes == sa.input_bytes and sb.path == sa.path
+    assert (tmp_path / "ob" / "report.parquet").read_bytes() == (tmp_path / "oa" / "report.parquet").read_bytes()
+
