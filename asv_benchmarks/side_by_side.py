@@ -31,8 +31,10 @@ so read the ratios, not the absolute numbers):
 
 5. user-shaped data (``asv_benchmarks.shapes``, ``asv_benchmarks.bulk_shapes``): on
    ``--shapes-gb`` GB of token + logprob values per shape (default 2.1; capture order, token
-   rows shuffled, many short calls, capture order in 1,000 small files per table), ``chainrows reassemble DATA OUT`` at default settings in a
-   fresh process against a fresh pyarrow process that reads the three tables and writes the same
+   rows shuffled, many short calls, capture order in 1,000 small files per table, capture order
+   with ~1 GB of text columns a run never reads), ``chainrows reassemble DATA OUT`` at default
+   settings in a fresh process against a fresh pyarrow process that reads the three tables (the
+   columns chainrows reads) and writes the same
    rows and report (same codec, no dictionary), best of ``--repeats`` interleaved; and the API on
    the same tables (multi-chunk columns, build_batch included) on 1 and on all threads against one
    copy of all output list bytes (touched buffers, and into fresh memory) and against that copy

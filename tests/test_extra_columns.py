@@ -4,7 +4,6 @@ spill buckets, the reader's batch rows, the small-file groups."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -41,20 +40,6 @@ def _extras(name: str, n: int, rng) -> dict[str, pa.Array]:
                                   pa.map_(pa.string(), pa.list_(pa.int32()))),
                 "rgb": pa.array([[i, i, i] for i in range(n)], pa.list_(pa.int16(), 3))}
     return {"transcript_json": _text(rng, n, 8000)}
-
-
-def _widen(src: Path, dst: Path) -> Path:
-    """``src`` with large extra columns appended to every table, row for row."""
-    rng = np.random.default_rng(1)
-    for name in TABLES:
-        for f in plan_table(src, name).files:
-            table = pq.read_table(f)
-            for col, values in _extras(name, table.num_rows, rng).items():
-                table = table.append_column(col, values)
-            out = dst / f.relative_to(src)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, out, row_group_size=ROW_GROUP)
-    return dst
 
 
 def _rewrite(src: Path, dst: Path, extras: bool) -> Path:
@@ -165,7 +150,6 @@ def test_spill_buckets_follow_the_columns_read_and_the_bytes_stay_the_same(narro
     assert a.batches == b.batches == 3
     assert a.input_bytes == b.input_bytes == total
     assert output_bytes(tmp_path / "b") == output_bytes(tmp_path / "a")
-    shutil.rmtree(tmp_path / "a")
 
 
 def test_a_ray_run_counts_the_columns_read_as_the_single_process_run_does(narrow, wide):
