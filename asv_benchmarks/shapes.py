@@ -165,15 +165,20 @@ def split_dataset(src, out, files_per_table: int) -> Path:
     return out
 
 
-def _text(rng: np.random.Generator, pool: np.ndarray, lengths: np.ndarray) -> pa.Array:
+def _text(rng: np.random.Generator, pool: np.ndarray, lengths: np.ndarray, rows: int) -> pa.ChunkedArray:
     """Strings of the given lengths cut from random places of ``pool`` (text-like bytes, which
-    compress about as prose does)."""
+    compress about as prose does), built ``rows`` at a time (the index arrays are 8 bytes per
+    character)."""
     lengths = np.asarray(lengths, np.int64)
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    starts = rng.integers(0, len(pool) - int(lengths.max(initial=0)), len(lengths))
-    data = pool[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])]
-    return pa.LargeStringArray.from_buffers(len(lengths), pa.py_buffer(offsets), pa.py_buffer(data))
+    chunks = []
+    for a in range(0, len(lengths), rows):
+        n = lengths[a:a + rows]
+        offsets = np.zeros(len(n) + 1, np.int64)
+        np.cumsum(n, out=offsets[1:])
+        starts = rng.integers(0, len(pool) - int(n.max(initial=0)), len(n))
+        data = pool[np.repeat(starts - offsets[:-1], n) + np.arange(offsets[-1])]
+        chunks.append(pa.LargeStringArray.from_buffers(len(n), pa.py_buffer(offsets), pa.py_buffer(data)))
+    return pa.chunked_array(chunks, pa.large_string())
 
 
 def widen_dataset(src, out, seed: int = 0) -> Path:
@@ -195,11 +200,12 @@ def widen_dataset(src, out, seed: int = 0) -> Path:
             table = pq.read_table(f)
             if name == "ledger":
                 delta = table["delta_len"].to_numpy(zero_copy_only=False)
-                table = table.append_column("request_text", _text(rng, pool, delta * WIDE_CHARS_PER_TOKEN))
+                table = table.append_column("request_text", _text(rng, pool, delta * WIDE_CHARS_PER_TOKEN,
+                                                                  GROUP_ROWS[name]))
                 table = table.append_column("model", pa.array(["policy-v3"] * table.num_rows))
             elif name == "rollouts":
                 table = table.append_column("transcript_json", _text(rng, pool, rng.integers(
-                    *WIDE_TRANSCRIPT_CHARS, table.num_rows)))
+                    *WIDE_TRANSCRIPT_CHARS, table.num_rows), GROUP_ROWS[name]))
             pq.write_table(table, tmp / name / f.name, row_group_size=GROUP_ROWS[name],
                            compression=WRITE_OPTIONS["compression"],
                            compression_level=WRITE_OPTIONS["compression_level"])

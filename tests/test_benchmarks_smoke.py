@@ -186,6 +186,9 @@ def test_wide_shape_is_its_source_with_text_a_run_never_reads(tmp_path):
     whole = sum(f.total_bytes for name in ("ledger", "rollouts") for f in plan_table(out, name).facts)
     assert whole > 10 * sum(footer_totals(src, name)[1] for name in ("ledger", "rollouts"))
     assert "request_text" in pq.read_schema(b.files["ledger"][0]).names
+    from asv_benchmarks.bulk_shapes import _read_columns  # the floor reads what chainrows reads
+
+    assert _read_columns(out) == {name: getattr(a, name).column_names for name in ("ledger", "tokens", "rollouts")}
     sa, sb = bulk.run(src, tmp_path / "oa"), bulk.run(out, tmp_path / "ob")
     assert sb.input_bytes == sa.input_bytes and sb.path == sa.path
     assert (tmp_path / "ob" / "report.parquet").read_bytes() == (tmp_path / "oa" / "report.parquet").read_bytes()

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chainrows import bulk
+from chainrows.bulk import job as bulk_job
 from chainrows.bulk import plan as planner
 from chainrows.io import dataset as dsmod
 from chainrows.io import footers, small_files
@@ -81,8 +82,11 @@ def test_each_columns_bytes_are_what_it_takes_written_alone(tmp_path):
     (a column chunk's uncompressed size depends on its own values only)."""
     rng = np.random.default_rng(0)
     n = 3 * ROW_GROUP + 7
+    opaque = pa.opaque(pa.struct([("k", pa.string()), ("v", pa.list_(pa.int64()))]), "trace", "harness")
+    trace = pa.ExtensionArray.from_storage(opaque, pa.array([{"k": f"t{i}", "v": [i] * (i % 4)} for i in range(n)],
+                                                            opaque.storage_type))
     table = pa.table({"rollout_id": [f"r{i}" for i in range(n)], **_extras("ledger", n, rng),
-                      **_extras("tokens", n, rng), "n": list(range(n))})
+                      **_extras("tokens", n, rng), "trace": trace, "n": list(range(n))})
     pq.write_table(table, tmp_path / "all.parquet", row_group_size=ROW_GROUP)
     facts = footers.file_facts("ledger", tmp_path / "all.parquet")
     assert facts.column_bytes is not None and list(facts.column_bytes) == table.column_names
@@ -115,6 +119,7 @@ def test_the_reader_sizes_its_batches_by_the_columns_read(narrow, wide):
         a, b = plan_table(narrow, name), plan_table(wide, name)
         assert [dsmod._read_batch_rows(b, i) for i in range(len(b.files))] == \
                [dsmod._read_batch_rows(a, i) for i in range(len(a.files))], name
+    assert bulk_job._batch_rows(wide, 1 << 20) == bulk_job._batch_rows(narrow, 1 << 20) < 1 << 20  # partitioning
 
 
 def test_small_files_are_grouped_by_the_bytes_of_the_columns_read(narrow, tmp_path, monkeypatch):

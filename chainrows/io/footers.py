@@ -28,9 +28,10 @@ from chainrows.io.errors import InputError
 @dataclass(frozen=True)
 class FileFacts:
     """A Parquet file's Arrow schema (as ``pq.read_schema`` gives it), its row count, and the
-    uncompressed bytes of its row groups: in all (``total_bytes``) and per top-level column
+    uncompressed bytes of its column chunks: in all (``total_bytes``) and per top-level column
     (``column_bytes``; None when the footer's leaf columns could not be matched to the schema's
-    fields)."""
+    fields). Sums of each chunk's own size, not of the row groups' ``total_byte_size``, which
+    some writers fill with the compressed size or 0."""
 
     schema: pa.Schema
     num_rows: int
@@ -46,27 +47,24 @@ class FileFacts:
         return sum(self.column_bytes.get(c, 0) for c in columns)
 
 
-def column_bytes(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, int] | None:
-    """Uncompressed bytes of each top-level field of ``schema`` (the file's Arrow schema),
-    summed over the row groups of ``metadata`` (its footer). A footer lists leaf columns in the
-    schema's depth-first order, so each field owns the next as many leaves as it has (a list one
-    per leaf of its values, a struct its children's, a map its keys' and values'). None when
-    the leaf counts do not add up to the footer's columns."""
+def column_bytes(leaf_bytes: list[int], schema: pa.Schema) -> dict[str, int] | None:
+    """Uncompressed bytes of each top-level field of ``schema`` (a file's Arrow schema), from
+    ``leaf_bytes`` (per leaf column of its footer, summed over the row groups). A footer lists
+    leaf columns in the schema's depth-first order, so each field owns the next as many leaves as
+    it has (a list one per leaf of its values, a struct its children's, a map its keys' and
+    values'). None when the leaf counts do not add up to the footer's columns."""
     leaves = [_leaves(f.type) for f in schema]
-    if sum(leaves) != metadata.num_columns:
+    if sum(leaves) != len(leaf_bytes):
         return None
-    out = dict.fromkeys(schema.names, 0)
-    for g in range(metadata.num_row_groups):
-        rg = metadata.row_group(g)
-        j = 0
-        for name, n in zip(schema.names, leaves):
-            out[name] += sum(rg.column(j + k).total_uncompressed_size for k in range(n))
-            j += n
+    out, j = {}, 0
+    for name, n in zip(schema.names, leaves):
+        out[name] = sum(leaf_bytes[j:j + n])
+        j += n
     return out
 
 
 def _leaves(t: pa.DataType) -> int:
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):  # pyarrow's own (opaque, uuid, ...) and Python-defined ones
         t = t.storage_type
     n = t.num_fields
     return 1 if n == 0 else sum(_leaves(t.field(i).type) for i in range(n))
@@ -140,5 +138,9 @@ def _read(name: str, file: Path) -> FileFacts:
 def facts_of(pf: pq.ParquetFile) -> FileFacts:
     """The facts of an open Parquet file, from its footer."""
     md, schema = pf.metadata, pf.schema_arrow
-    return FileFacts(schema, md.num_rows, sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)),
-                     column_bytes(md, schema))
+    leaf_bytes = [0] * md.num_columns
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        for j in range(md.num_columns):
+            leaf_bytes[j] += rg.column(j).total_uncompressed_size
+    return FileFacts(schema, md.num_rows, sum(leaf_bytes), column_bytes(leaf_bytes, schema))
