@@ -211,7 +211,7 @@ class TablePlan:
     name: str
     files: list[Path]
     columns: list[str]                      # output columns, canonical order
-    present: list[list[str]] = field(default_factory=list)  # per file: columns read from it
+    present: list[list[str]] = field(default_factory=list)  # per file: the canonical columns it has
     facts: list[FileFacts] = field(default_factory=list)  # per file: its footer's facts
 
     @property

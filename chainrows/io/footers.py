@@ -47,7 +47,7 @@ class FileFacts:
         return sum(self.column_bytes.get(c, 0) for c in columns)
 
 
-def column_bytes(leaf_bytes: list[int], schema: pa.Schema) -> dict[str, int] | None:
+def _column_bytes(leaf_bytes: list[int], schema: pa.Schema) -> dict[str, int] | None:
     """Uncompressed bytes of each top-level field of ``schema`` (a file's Arrow schema), from
     ``leaf_bytes`` (per leaf column of its footer, summed over the row groups). A footer lists
     leaf columns in the schema's depth-first order, so each field owns the next as many leaves as
@@ -143,4 +143,4 @@ def facts_of(pf: pq.ParquetFile) -> FileFacts:
         rg = md.row_group(g)
         for j in range(md.num_columns):
             leaf_bytes[j] += rg.column(j).total_uncompressed_size
-    return FileFacts(schema, md.num_rows, sum(leaf_bytes), column_bytes(leaf_bytes, schema))
+    return FileFacts(schema, md.num_rows, sum(leaf_bytes), _column_bytes(leaf_bytes, schema))
