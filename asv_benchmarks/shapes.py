@@ -23,8 +23,10 @@ rollout's transcript, ~1 GB of text that a run never reads (``widen_dataset``).
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -123,45 +125,54 @@ def shaped_tables(shape: str, target_bytes: int, seed: int = 0):
     return tuple(tables)
 
 
-def write_shaped_dataset(out, shape: str, target_bytes: int, seed: int = 0) -> Path:
-    """Write a shaped dataset to ``out`` (replaced): each table a directory of part files."""
-    from chainrows.io.write import WRITE_OPTIONS
+TABLE_NAMES = ("ledger", "tokens", "rollouts")
 
-    out = Path(out)
+
+@contextmanager
+def _replacing(out: Path) -> Iterator[Path]:
+    """A fresh directory beside ``out``, a subdirectory per table, to write a dataset in; it
+    replaces ``out`` when the block ends without an error."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    for name, table in zip(("ledger", "tokens", "rollouts"), shaped_tables(shape, target_bytes, seed)):
+    for name in TABLE_NAMES:
         (tmp / name).mkdir(parents=True)
-        step = -(-table.num_rows // FILES_PER_TABLE) or 1
-        for f in range(FILES_PER_TABLE):
-            pq.write_table(table.slice(f * step, step), tmp / name / f"part-{f}.parquet",
-                           row_group_size=GROUP_ROWS[name], compression=WRITE_OPTIONS["compression"],
-                           compression_level=WRITE_OPTIONS["compression_level"])
+    yield tmp
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
+
+
+def _write_part(table: pa.Table, path: Path, **kw) -> None:
+    """One part file, with chainrows' own codec and level (``io.write.WRITE_OPTIONS``)."""
+    from chainrows.io.write import WRITE_OPTIONS
+
+    pq.write_table(table, path, compression=WRITE_OPTIONS["compression"],
+                   compression_level=WRITE_OPTIONS["compression_level"], **kw)
+
+
+def write_shaped_dataset(out, shape: str, target_bytes: int, seed: int = 0) -> Path:
+    """Write a shaped dataset to ``out`` (replaced): each table a directory of part files."""
+    out = Path(out)
+    with _replacing(out) as tmp:
+        for name, table in zip(TABLE_NAMES, shaped_tables(shape, target_bytes, seed)):
+            step = -(-table.num_rows // FILES_PER_TABLE) or 1
+            for f in range(FILES_PER_TABLE):
+                _write_part(table.slice(f * step, step), tmp / name / f"part-{f}.parquet",
+                            row_group_size=GROUP_ROWS[name])
     return out
 
 
 def split_dataset(src, out, files_per_table: int) -> Path:
     """Write ``src``'s tables to ``out`` (replaced) as ``files_per_table`` part files each (fewer
     for a table of fewer rows), rows in the same order (file names sort in read order)."""
-    from chainrows.io.write import WRITE_OPTIONS
-
     src, out = Path(src), Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for name in ("ledger", "tokens", "rollouts"):
-        table = pq.read_table(src / name)
-        (tmp / name).mkdir(parents=True)
-        n = table.num_rows
-        files = max(1, min(files_per_table, n))
-        for f in range(files):
-            a, b = f * n // files, (f + 1) * n // files
-            pq.write_table(table.slice(a, b - a), tmp / name / f"part-{f:05d}.parquet",
-                           compression=WRITE_OPTIONS["compression"],
-                           compression_level=WRITE_OPTIONS["compression_level"])
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with _replacing(out) as tmp:
+        for name in TABLE_NAMES:
+            table = pq.read_table(src / name)
+            n = table.num_rows
+            files = max(1, min(files_per_table, n))
+            for f in range(files):
+                a, b = f * n // files, (f + 1) * n // files
+                _write_part(table.slice(a, b - a), tmp / name / f"part-{f:05d}.parquet")
     return out
 
 
@@ -186,31 +197,23 @@ def widen_dataset(src, out, seed: int = 0) -> Path:
     as ``GROUP_ROWS`` has them, with the columns a real capture carries beside the SPEC's:
     ledger ``request_text`` (``WIDE_CHARS_PER_TOKEN`` characters per token of the call's delta)
     and ``model``, rollouts ``transcript_json`` (``WIDE_TRANSCRIPT_CHARS``)."""
-    from chainrows.io.write import WRITE_OPTIONS
-
     src, out = Path(src), Path(out)
     rng = np.random.default_rng(seed)
     words = np.array([b"w%x" % i for i in range(4096)])
     pool = np.frombuffer(b" ".join(rng.choice(words, 2_000_000)), np.uint8)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for name in ("ledger", "tokens", "rollouts"):
-        (tmp / name).mkdir(parents=True)
-        for f in sorted((src / name).glob("*.parquet")):
-            table = pq.read_table(f)
-            if name == "ledger":
-                delta = table["delta_len"].to_numpy(zero_copy_only=False)
-                table = table.append_column("request_text", _text(rng, pool, delta * WIDE_CHARS_PER_TOKEN,
-                                                                  GROUP_ROWS[name]))
-                table = table.append_column("model", pa.array(["policy-v3"] * table.num_rows))
-            elif name == "rollouts":
-                table = table.append_column("transcript_json", _text(rng, pool, rng.integers(
-                    *WIDE_TRANSCRIPT_CHARS, table.num_rows), GROUP_ROWS[name]))
-            pq.write_table(table, tmp / name / f.name, row_group_size=GROUP_ROWS[name],
-                           compression=WRITE_OPTIONS["compression"],
-                           compression_level=WRITE_OPTIONS["compression_level"])
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with _replacing(out) as tmp:
+        for name in TABLE_NAMES:
+            for f in sorted((src / name).glob("*.parquet")):
+                table = pq.read_table(f)
+                if name == "ledger":
+                    delta = table["delta_len"].to_numpy(zero_copy_only=False)
+                    table = table.append_column("request_text", _text(rng, pool, delta * WIDE_CHARS_PER_TOKEN,
+                                                                      GROUP_ROWS[name]))
+                    table = table.append_column("model", pa.array(["policy-v3"] * table.num_rows))
+                elif name == "rollouts":
+                    table = table.append_column("transcript_json", _text(rng, pool, rng.integers(
+                        *WIDE_TRANSCRIPT_CHARS, table.num_rows), GROUP_ROWS[name]))
+                _write_part(table, tmp / name / f.name, row_group_size=GROUP_ROWS[name])
     return out
 
 
