@@ -613,7 +613,7 @@ def test_a_resident_table_is_read_first_and_held_to_the_end(shuffled):
 
 
 def test_route_choice_follows_the_input_order(dataset, shuffled, monkeypatch):
-    total = sum(planner.input_bytes(dataset).values())
+    total = sum(t.decoded for t in planner.input_totals(dataset).values())  # what routes are chosen by
     assert bulk.choose_route(dataset, total, 1 << 40, True).path == "memory"
     room = int(total * planner.MEMORY_FACTOR / planner.SHARE / 3)  # about a third fits
     monkeypatch.setattr(planner, "STREAM_MIN_ROOM", 0)  # the data is small; the rule is the point
@@ -672,7 +672,7 @@ def test_larger_than_memory_stays_under_budget(tmp_path):
     data = tmp_path / "big"
     write_synth_dataset(data, 31_000, seed=3, mean_gen_tokens=900, prompt_tokens=3000, workers=2)
     budget = 512 << 20
-    size = sum(planner.input_bytes(data).values())
+    size = sum(t.stored for t in planner.input_totals(data).values())
     assert size >= 4 * budget, f"dataset {size} too small for the test"
     # warm Numba's on-disk cache first: a cold compile is a one-time cost, not data memory
     small = tmp_path / "small"
@@ -702,6 +702,27 @@ def test_small_data_stays_under_a_budget_near_the_in_memory_threshold(tmp_path):
         paths.append(_field(summary, "path"))
         assert peak < mib << 20, f"peak RSS {peak >> 20} MiB over the {mib} MiB budget\n{summary}"
     assert paths[-1].startswith("memory"), paths
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
+def test_data_stored_far_below_its_decoded_size_stays_under_budget(tmp_path):
+    """Token ids of a 16-token vocabulary: Parquet stores them in about an eighth of what a read
+    decodes (37 MB for 267 MB). Sized by the stored bytes, a 600 MiB budget took the in-memory
+    path and peaked at 970 MB; sized by the decoded estimate, every budget holds, and one with
+    room for the decoded bytes reads everything at once."""
+    data = tmp_path / "data"
+    write_synth_dataset(data, 4000, seed=1, vocab=16, logprobs=False, mean_gen_tokens=450,
+                        mean_obs_tokens=1200, prompt_tokens=3000, mean_calls=7)
+    sizes = planner.input_totals(data)
+    assert sizes["tokens"].decoded > 6 * sizes["tokens"].stored
+    _peak(data, tmp_path / "warm", "--memory-budget", "2GiB")  # Numba's cache warmed
+    paths = []
+    for mib in (600, 800, 2048):
+        summary, peak = _peak(data, tmp_path / f"out{mib}", "--memory-budget", f"{mib}MiB")
+        paths.append(_field(summary, "path"))
+        assert peak < mib << 20, f"peak RSS {peak >> 20} MiB over the {mib} MiB budget\n{summary}"
+    assert paths[-1].startswith("memory") and not paths[0].startswith("memory"), paths
 
 
 READ_PEAK_SCRIPT = r"""

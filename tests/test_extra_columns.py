@@ -111,7 +111,7 @@ def test_the_input_size_counts_only_the_columns_read(narrow, wide):
         assert footer_totals(wide, name) == footer_totals(narrow, name), name
         whole = sum(f.total_bytes for f in plan_table(wide, name).facts)
         assert whole > 2 * footer_totals(wide, name)[1], name  # the extras are most of each file
-    assert planner.input_bytes(wide) == planner.input_bytes(narrow)
+    assert planner.input_totals(wide) == planner.input_totals(narrow)
 
 
 def test_the_reader_sizes_its_batches_by_the_columns_read(narrow, wide):
@@ -134,8 +134,8 @@ def test_small_files_are_grouped_by_the_bytes_of_the_columns_read(narrow, tmp_pa
             (tmp_path / d / "ledger").mkdir(parents=True, exist_ok=True)
             pq.write_table(part, tmp_path / d / "ledger" / f"part-{k}.parquet")
     narrow_plan, wide_plan = plan_table(tmp_path / "narrow", "ledger"), plan_table(tmp_path / "wide", "ledger")
-    read = max(wide_plan.read_bytes(i) for i in range(6))
-    assert read == max(narrow_plan.read_bytes(i) for i in range(6))
+    read = max(wide_plan.read_decoded(i) for i in range(6))
+    assert read == max(narrow_plan.read_decoded(i) for i in range(6))
     assert min(f.total_bytes for f in wide_plan.facts) > 4 * read
     monkeypatch.setattr(small_files, "SMALL_FILE_BYTES", 2 * read)  # far below each whole file
     assert small_files.file_groups(wide_plan, 10_000) == [list(range(6))]
@@ -144,7 +144,8 @@ def test_small_files_are_grouped_by_the_bytes_of_the_columns_read(narrow, tmp_pa
 def test_spill_buckets_follow_the_columns_read_and_the_bytes_stay_the_same(narrow, wide, tmp_path, monkeypatch):
     """The spill path's bucket count comes from the input size: sized by whole files, the
     extras here would have multiplied it."""
-    total = sum(planner.input_bytes(narrow).values())
+    sizes = planner.input_totals(narrow).values()
+    total = sum(t.decoded for t in sizes)  # what the bucket count is sized by
     room = planner.measure_footprint(Options(), True).room(planner.DEFAULT_BUDGET)
     monkeypatch.setattr(planner, "MEMORY_FIXED", 1 << 60)  # never in memory
     monkeypatch.setattr(planner, "STREAM_MIN_ROOM", 1 << 60)  # a tight budget: spill
@@ -153,7 +154,7 @@ def test_spill_buckets_follow_the_columns_read_and_the_bytes_stay_the_same(narro
     b = bulk.run(wide, tmp_path / "b")
     assert a.path == b.path == "spill"
     assert a.batches == b.batches == 3
-    assert a.input_bytes == b.input_bytes == total
+    assert a.input_bytes == b.input_bytes == sum(t.stored for t in sizes)
     assert output_bytes(tmp_path / "b") == output_bytes(tmp_path / "a")
 
 
@@ -164,4 +165,5 @@ def test_a_ray_run_counts_the_columns_read_as_the_single_process_run_does(narrow
 
     for path in (narrow, wide):
         loc = locate(str(path))
-        assert _input_bytes(loc, check_tables(loc)) == sum(planner.input_bytes(narrow).values())
+        sizes = planner.input_totals(narrow).values()
+        assert _input_bytes(loc, check_tables(loc)) == (sum(t.stored for t in sizes), sum(t.decoded for t in sizes))

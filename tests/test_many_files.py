@@ -245,7 +245,7 @@ def test_file_groups_keep_to_rows_bytes_schema_and_columns(tmp_path, monkeypatch
     assert groups == [[0, 1], [2], [3, 4, 5], [6], [7]]
     assert small_files.file_groups(plan, batch_rows=4) == [[i] for i in range(8)]
     whole = _plan(paths, [present[0]] * 8)
-    sizes = [whole.read_bytes(i) for i in range(8)]
+    sizes = [whole.read_decoded(i) for i in range(8)]
     monkeypatch.setattr(small_files, "GROUP_BYTES", sizes[0] + sizes[1])
     assert small_files.file_groups(whole, 100)[:2] == [[0, 1], [2]]
     monkeypatch.setattr(small_files, "SMALL_FILE_BYTES", min(sizes) - 1)

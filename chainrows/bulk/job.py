@@ -81,8 +81,8 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     Each input file's footer is read once (``footers.remembered``).
     """
     t0 = time.perf_counter()
-    sizes = planner.input_bytes(dataset_dir)
-    total = sum(sizes.values())
+    sizes = planner.input_totals(dataset_dir)
+    total = sum(t.decoded for t in sizes.values())  # what the plan sizes memory and disk by
     has_lp = "logprobs" in table_schema(dataset_dir, "tokens").names
     footprint = planner.measure_footprint(options, has_lp)
     planner.check_budget(memory_budget, footprint)
@@ -102,8 +102,8 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     route = route or choose_route(dataset_dir, total, room, has_lp)
     if route.path == "stream" and route.plan is None:
         route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp), route.batches, route.resident))
-    summary = Summary(input_bytes=total, path=route.path, why=route.why, batches=route.batches,
-                      compile_seconds=footprint.compile_seconds)
+    summary = Summary(input_bytes=sum(t.stored for t in sizes.values()), decoded_bytes=total, path=route.path,
+                      why=route.why, batches=route.batches, compile_seconds=footprint.compile_seconds)
     Progress.say(f"path: {summary.path_text()}", enabled=progress)
     decide = lambda ledger, tokens, rollouts: reassemble(ledger, tokens, rollouts, options)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
@@ -324,7 +324,7 @@ def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int,
 
 def _batch_rows(dataset_dir, batch_bytes: int) -> int:
     """Rows per input batch while partitioning: about ``batch_bytes`` of tokens per batch."""
-    rows, size = footer_totals(dataset_dir, "tokens")
+    rows, _, size = footer_totals(dataset_dir, "tokens")
     return int(max(64, min(1 << 20, batch_bytes / max(size / max(rows, 1), 1.0))))
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from chainrows.io.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
-from chainrows.io.dataset import TABLES, footer_totals
+from chainrows.io.dataset import TABLES, Totals, footer_totals
 from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
 from chainrows.options import Options
 
@@ -24,7 +24,7 @@ DEFAULT_BUDGET = 4 << 30
 MEMORY_FACTOR = 4.0      # in-memory run: peak over the input's uncompressed bytes (3.3x measured)
 MEMORY_FIXED = 96 << 20  # in-memory run: working memory whatever the input's size (threads, writers)
 SHARE = 0.75             # of the room above the baseline, what the planned peak may use
-SPILL_PEAK_FACTOR = 6.0  # spill bucket: peak over its input, allocator retention included
+SPILL_PEAK_FACTOR = 4.0  # spill bucket: peak over its decoded input, allocator retention included
 BUCKET_SHARE = 0.6
 MAX_STEPS = 64
 STEP_BYTES = 96 << 20  # estimated input a streaming step aims at (docs/limits.md "Memory budget")
@@ -51,10 +51,11 @@ def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
     return footprint_after(load_kernels)
 
 
-def input_bytes(dataset_dir) -> dict[str, int]:
-    """Uncompressed bytes of each table, from Parquet footers (no data read). Every file's
-    schema is checked first, so unusable input fails before any work."""
-    return {name: footer_totals(dataset_dir, name)[1] for name in TABLES}
+def input_totals(dataset_dir) -> dict[str, Totals]:
+    """Each table's rows and bytes (as stored, and estimated once decoded: what the planner
+    sizes a run by), from Parquet footers (no data read). Every file's schema is checked
+    first, so unusable input fails before any work."""
+    return {name: footer_totals(dataset_dir, name) for name in TABLES}
 
 
 def spill_format(work_parent, total_bytes: int) -> pa.ipc.IpcWriteOptions:

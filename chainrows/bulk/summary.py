@@ -19,7 +19,9 @@ class Summary:
 
     ``path``: ``memory`` (one batch), ``stream`` (windows of whole groups, read once) or
     ``spill`` (hash-partitioned to disk first); ``why``: the planner's reason. ``placeholder_rows``:
-    rows written for masked rollouts (in ``rows`` beside the ``rows`` trained rows).
+    rows written for masked rollouts (in ``rows`` beside the ``rows`` trained rows). ``input_bytes``
+    / ``decoded_bytes``: the columns read, uncompressed as stored and estimated once decoded
+    (what the plan sizes memory by), from the footers.
     """
 
     rollouts: int = 0
@@ -33,6 +35,7 @@ class Summary:
     unselected_calls: int = 0
     orphan_token_rows: int = 0
     input_bytes: int = 0
+    decoded_bytes: int = 0
     path: str = "memory"
     why: str = ""
     batches: int = 1
@@ -97,7 +100,8 @@ class Summary:
                   ("calls", f"{self.calls:,}"),
                   ("  unselected (ok rollouts)", f"{self.unselected_calls:,}"),
                   ("orphan token rows", f"{self.orphan_token_rows:,}"),
-                  ("input (uncompressed)", human_bytes(self.input_bytes)),
+                  ("input (uncompressed)", human_bytes(self.input_bytes) + (
+                      f", {human_bytes(self.decoded_bytes)} decoded" if self.decoded_bytes else "")),
                   ("path", self.path_text())]
         if self.peak_rss:
             lines.append(("peak memory", human_bytes(self.peak_rss)))

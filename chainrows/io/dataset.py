@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -224,9 +224,14 @@ class TablePlan:
         return [c for c in self.present[i] if c in self.columns]
 
     def read_bytes(self, i: int) -> int:
-        """Uncompressed bytes of the columns read from file ``i`` (its footer): what reading it
-        decodes, whatever other columns the file carries."""
+        """Uncompressed bytes of the columns read from file ``i`` (its footer), whatever other
+        columns the file carries."""
         return self.facts[i].bytes_of(self.read_columns(i))
+
+    def read_decoded(self, i: int) -> int:
+        """Estimated Arrow bytes of the columns read from file ``i`` once decoded (its footer):
+        what reading it holds in memory (``FileFacts.decoded_of``)."""
+        return self.facts[i].decoded_of(self.read_columns(i))
 
 
 def plan_table(dataset_dir: str | os.PathLike, name: str,
@@ -524,10 +529,10 @@ READ_BATCH_BYTES = 8 << 20
 
 
 def _read_batch_rows(plan: TablePlan, i: int) -> int:
-    """Rows per decoded batch of file ``i``: about READ_BATCH_BYTES of the uncompressed pages of
-    the columns read (smaller batches hold fewer decoding buffers at once), at least 1,024 rows."""
+    """Rows per decoded batch of file ``i``: about READ_BATCH_BYTES of the columns read, decoded
+    (smaller batches hold fewer decoding buffers at once), at least 1,024 rows."""
     return max(1024, min(DEFAULT_BATCH_ROWS,
-                         READ_BATCH_BYTES * plan.facts[i].num_rows // max(1, plan.read_bytes(i))))
+                         READ_BATCH_BYTES * plan.facts[i].num_rows // max(1, plan.read_decoded(i))))
 
 
 def _read_file(plan: TablePlan, i: int) -> pa.Table:
@@ -649,12 +654,23 @@ def _guard(batches: Iterable, name: str, file: Path):
         yield batch
 
 
-def footer_totals(dataset_dir: str | os.PathLike, name: str) -> tuple[int, int]:
-    """Rows of table ``name`` and uncompressed bytes of the columns chainrows reads from it,
-    from its files' footers (every file's schema checked; no data read). Other columns a
-    capture carries beside the SPEC's do not count: they are never read."""
+class Totals(NamedTuple):
+    """A table's rows, and the bytes of the columns chainrows reads from it: uncompressed as
+    stored, and estimated once decoded into Arrow (what a read holds in memory)."""
+
+    rows: int
+    stored: int
+    decoded: int
+
+
+def footer_totals(dataset_dir: str | os.PathLike, name: str) -> Totals:
+    """The :class:`Totals` of table ``name``, from its files' footers (every file's schema
+    checked; no data read). Other columns a capture carries beside the SPEC's do not count:
+    they are never read."""
     plan = plan_table(dataset_dir, name)
-    return sum(f.num_rows for f in plan.facts), sum(plan.read_bytes(i) for i in range(len(plan.files)))
+    files = range(len(plan.files))
+    return Totals(sum(f.num_rows for f in plan.facts), sum(plan.read_bytes(i) for i in files),
+                  sum(plan.read_decoded(i) for i in files))
 
 
 def table_schema(dataset_dir: str | os.PathLike, name: str,

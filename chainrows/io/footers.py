@@ -12,12 +12,13 @@ modification and change times (a file rewritten in place gets a new change time,
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,37 +29,95 @@ from chainrows.io.errors import InputError
 @dataclass(frozen=True)
 class FileFacts:
     """A Parquet file's Arrow schema (as ``pq.read_schema`` gives it), its row count, and the
-    uncompressed bytes of its column chunks: in all (``total_bytes``) and per top-level column
-    (``column_bytes``; None when the footer's leaf columns could not be matched to the schema's
-    fields). Sums of each chunk's own size, not of the row groups' ``total_byte_size``, which
-    some writers fill with the compressed size or 0."""
+    bytes of its column chunks, in all and per top-level column (None when the footer's leaf
+    columns could not be matched to the schema's fields):
+
+    - ``total_bytes`` / ``column_bytes``: uncompressed, as stored (sums of each chunk's own
+      size, not of the row groups' ``total_byte_size``, which some writers fill with the
+      compressed size or 0);
+    - ``decoded_bytes`` / ``column_decoded``: estimated Arrow bytes once read
+      (:func:`decoded_estimate`), what a read holds in memory. Dictionary and run-length
+      encodings store far less than that: token ids of a small vocabulary, 8x less.
+    """
 
     schema: pa.Schema
     num_rows: int
     total_bytes: int
     column_bytes: Mapping[str, int] | None = None
+    decoded_bytes: int | None = None
+    column_decoded: Mapping[str, int] | None = None
 
     def bytes_of(self, columns: Iterable[str]) -> int:
-        """Uncompressed bytes of the named top-level columns (a name the file lacks counts 0):
-        what reading those columns decodes. Columns a run does not read (a capture's request
-        text, its transcripts) do not count. ``total_bytes`` when the split is unknown."""
-        if self.column_bytes is None:
-            return self.total_bytes
-        return sum(self.column_bytes.get(c, 0) for c in columns)
+        """Uncompressed bytes of the named top-level columns (a name the file lacks counts 0).
+        Columns a run does not read (a capture's request text, its transcripts) do not count.
+        ``total_bytes`` when the split is unknown."""
+        return _sum_of(self.column_bytes, self.total_bytes, columns)
+
+    def decoded_of(self, columns: Iterable[str]) -> int:
+        """Estimated Arrow bytes of the named top-level columns once read: what reading them
+        holds in memory. ``decoded_bytes`` (or ``total_bytes``) when the split is unknown."""
+        whole = self.total_bytes if self.decoded_bytes is None else self.decoded_bytes
+        return _sum_of(self.column_decoded, whole, columns)
 
 
-def _column_bytes(leaf_bytes: list[int], schema: pa.Schema) -> dict[str, int] | None:
-    """Uncompressed bytes of each top-level field of ``schema`` (a file's Arrow schema), from
-    ``leaf_bytes`` (per leaf column of its footer, summed over the row groups). A footer lists
-    leaf columns in the schema's depth-first order, so each field owns the next as many leaves as
-    it has (a list one per leaf of its values, a struct its children's, a map its keys' and
-    values'). None when the leaf counts do not add up to the footer's columns."""
-    leaves = [_leaves(f.type) for f in schema]
-    if sum(leaves) != len(leaf_bytes):
+def _sum_of(per_column: Mapping[str, int] | None, whole: int, columns: Iterable[str]) -> int:
+    if per_column is None:
+        return whole
+    return sum(per_column.get(c, 0) for c in columns)
+
+
+_WIDTH = {"BOOLEAN": 0.125, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
+OFFSET_BYTES = 4  # an Arrow list's or string's offset per entry (large types: 8; an estimate)
+
+
+class Leaf(NamedTuple):
+    """What a leaf column's decoded size per value and per row is, from its footer schema
+    (``pq.ColumnSchema``): ``width``, bytes per value (None for strings: per chunk, from their
+    statistics); ``validity``, bytes per value of its validity bitmap (1/8 when optional);
+    ``lists``, the list levels above it (an offset per row each)."""
+
+    width: float | None
+    validity: float
+    lists: int
+
+    @classmethod
+    def of(cls, column: pq.ColumnSchema) -> "Leaf":
+        kind = column.physical_type
+        width = column.length if kind == "FIXED_LEN_BYTE_ARRAY" else _WIDTH.get(kind)
+        optional = column.max_definition_level > column.max_repetition_level
+        return cls(width, 0.125 if optional else 0.0, column.max_repetition_level)
+
+
+def decoded_estimate(chunk: pq.ColumnChunkMetaData, leaf: Leaf, rows: int) -> int:
+    """Estimated Arrow bytes of one leaf column chunk (``chunk``, of ``leaf``, in a row group of
+    ``rows`` rows) once decoded: a slot per value (nulls and empty lists included) of the
+    physical type's width, its validity bit, and an offset per row for each list level above
+    the leaf. A string's length is taken as the mean of its chunk's min and max statistics'
+    lengths, plus its offset, and a string chunk counts never less than its uncompressed bytes:
+    one without statistics counts those (underestimated when it is dictionary-encoded;
+    docs/limits.md)."""
+    n = chunk.num_values
+    offsets = OFFSET_BYTES * rows * leaf.lists
+    if leaf.width is not None:
+        return math.ceil(n * (leaf.width + leaf.validity) + offsets)
+    strings = 0.0
+    if chunk.is_stats_set and (st := chunk.statistics).has_min_max:
+        strings = n * ((len(st.min_raw) + len(st.max_raw)) / 2 + OFFSET_BYTES + leaf.validity)
+    return max(chunk.total_uncompressed_size, math.ceil(strings + offsets))
+
+
+def _per_field(leaf_values: list[int], schema: pa.Schema, field_leaves: list[int]) -> dict[str, int] | None:
+    """Each top-level field of ``schema`` (a file's Arrow schema) with the sum of its leaves'
+    ``leaf_values`` (per leaf column of its footer, summed over the row groups);
+    ``field_leaves``: each field's leaf count (:func:`_leaves`). A footer lists leaf columns in the schema's
+    depth-first order, so each field owns the next as many leaves as it has (a list one per
+    leaf of its values, a struct its children's, a map its keys' and values'). None when the
+    leaf counts do not add up to the footer's columns."""
+    if sum(field_leaves) != len(leaf_values):
         return None
     out, j = {}, 0
-    for name, n in zip(schema.names, leaves):
-        out[name] = sum(leaf_bytes[j:j + n])
+    for name, n in zip(schema.names, field_leaves):
+        out[name] = sum(leaf_values[j:j + n])
         j += n
     return out
 
@@ -138,9 +197,15 @@ def _read(name: str, file: Path) -> FileFacts:
 def facts_of(pf: pq.ParquetFile) -> FileFacts:
     """The facts of an open Parquet file, from its footer."""
     md, schema = pf.metadata, pf.schema_arrow
-    leaf_bytes = [0] * md.num_columns
+    leaves = [Leaf.of(md.schema.column(j)) for j in range(md.num_columns)]
+    stored = [0] * md.num_columns
+    decoded = [0] * md.num_columns
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
-        for j in range(md.num_columns):
-            leaf_bytes[j] += rg.column(j).total_uncompressed_size
-    return FileFacts(schema, md.num_rows, sum(leaf_bytes), _column_bytes(leaf_bytes, schema))
+        for j, leaf in enumerate(leaves):
+            chunk = rg.column(j)
+            stored[j] += chunk.total_uncompressed_size
+            decoded[j] += decoded_estimate(chunk, leaf, rg.num_rows)
+    fields = [_leaves(f.type) for f in schema]
+    return FileFacts(schema, md.num_rows, sum(stored), _per_field(stored, schema, fields),
+                     sum(decoded), _per_field(decoded, schema, fields))

@@ -229,10 +229,10 @@ def _partition_table(dataset_dir, name: str, dirs: list[Path], router: Router, b
     for b in range(n_buckets):
         write_part(b, name, 0, schema, [])
     flushes = _Flushes(name, schema, n_buckets, write_part, writer)
-    # The bar's total is the footers' uncompressed bytes (what the planner sizes a run by),
-    # while Arrow batches hold more (offsets, validity): advance by each batch's share of
-    # its table's footer bytes, so the bar ends exactly at its total, never past it.
-    table_rows, table_bytes = footer_totals(dataset_dir, name)
+    # The bar's total is the footers' estimate of the decoded bytes (what the planner sizes a
+    # run by), while Arrow batches hold a little more or less: advance by each batch's share
+    # of its table's estimate, so the bar ends exactly at its total, never past it.
+    table_rows, _, table_bytes = footer_totals(dataset_dir, name)
     rows_seen = bytes_shown = 0
     try:
         for batch in iter_table_batches(dataset_dir, name, None, batch_rows):

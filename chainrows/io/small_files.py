@@ -19,8 +19,8 @@ import pyarrow as pa
 if TYPE_CHECKING:  # dataset.py imports this module
     from chainrows.io.dataset import TablePlan
 
-SMALL_FILE_BYTES = 8 << 20  # uncompressed bytes (footer) of the columns read of a file read in a group, at most
-GROUP_BYTES = 64 << 20  # uncompressed bytes of a group, at most
+SMALL_FILE_BYTES = 8 << 20  # decoded bytes (footer estimate) of the columns read of a file read in a group, at most
+GROUP_BYTES = 64 << 20  # decoded bytes of a group, at most
 
 
 def file_groups(plan: TablePlan, batch_rows: int) -> list[list[int]]:
@@ -32,7 +32,7 @@ def file_groups(plan: TablePlan, batch_rows: int) -> list[list[int]]:
     rows = size = 0
     first: int | None = None  # the last group's first file, while the group takes more small files
     for i, f in enumerate(plan.facts):
-        nbytes = plan.read_bytes(i)
+        nbytes = plan.read_decoded(i)
         small = nbytes <= SMALL_FILE_BYTES and f.num_rows <= batch_rows
         if (small and first is not None and rows + f.num_rows <= batch_rows
                 and size + nbytes <= GROUP_BYTES and plan.read_columns(i) == plan.read_columns(first)

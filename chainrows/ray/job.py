@@ -31,7 +31,7 @@ from chainrows.ray.commit import Staging
 from chainrows.ray.route import BUCKET_COL
 from chainrows.ray.source import RKEY_COL, Location, check_tables, datasource, locate
 
-BUCKET_BYTES = 256 << 20  # uncompressed input per decide task: the engine holds a few times this
+BUCKET_BYTES = 256 << 20  # decoded input per decide task (footer estimate): the engine holds a few times this
 TASKS_PER_CPU = 2
 
 
@@ -56,7 +56,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     options = Options.of(options)
     src, dst = locate(dataset), locate(out)
     tables = check_tables(src)
-    input_bytes = _input_bytes(src, tables)
+    input_bytes, decoded_bytes = _input_bytes(src, tables)
     has_lp = "logprobs" in tables["tokens"].columns
     with connected(address, num_cpus, worker_logs=worker_logs) as ray:
         from ray.data import DataContext
@@ -67,7 +67,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
         if progress is False:  # no bars: no "Starting execution" lines either
             logging.getLogger("ray.data").setLevel(logging.WARNING)
         n = buckets or max(TASKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)),
-                           math.ceil(input_bytes / BUCKET_BYTES))
+                           math.ceil(decoded_bytes / BUCKET_BYTES))
         try:
             with Staging(dst) as stage:
                 got = _pipeline(ray, src, dst, stage, tables, options, n, has_lp, engine)
@@ -76,7 +76,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
             if found is not None and found is not exc:
                 raise found from None
             raise
-    summary = Summary(input_bytes=input_bytes, path="ray", batches=n,
+    summary = Summary(input_bytes=input_bytes, decoded_bytes=decoded_bytes, path="ray", batches=n,
                       why=f"{n:,} decide tasks on {'a local Ray' if address is None else address}")
     for r in got:
         summary.merge(Summary.from_counts(r["counts"]))
@@ -121,17 +121,20 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options
     return sorted(records, key=lambda r: r["bucket"])
 
 
-def _input_bytes(src: Location, tables) -> int:
-    """Uncompressed bytes of the columns read, from the footers (the single-process summary's
-    figure: other columns a capture carries do not count)."""
+def _input_bytes(src: Location, tables) -> tuple[int, int]:
+    """Bytes of the columns read, from the footers: uncompressed as stored (the single-process
+    summary's figure) and estimated once decoded (what sizes the decide tasks). Other columns
+    a capture carries do not count."""
     import pyarrow.parquet as pq
 
     from chainrows.io.footers import facts_of
 
-    total = 0
+    stored = decoded = 0
     for tf in tables.values():
         for path, present in zip(tf.paths, tf.present):
             with src.fs.open_input_file(path) as fh:
                 facts = facts_of(pq.ParquetFile(fh))
-            total += facts.bytes_of(c for c in present if c in tf.columns)
-    return total
+            read = [c for c in present if c in tf.columns]
+            stored += facts.bytes_of(read)
+            decoded += facts.decoded_of(read)
+    return stored, decoded
