@@ -707,8 +707,8 @@ def test_small_data_stays_under_a_budget_near_the_in_memory_threshold(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
 def test_data_stored_far_below_its_decoded_size_stays_under_budget(tmp_path):
-    """Token ids of a 16-token vocabulary: Parquet stores them in about an eighth of what a read
-    decodes (37 MB for 267 MB). Sized by the stored bytes, a 600 MiB budget took the in-memory
+    """Token ids of a 16-token vocabulary: Parquet stores the dataset in about a seventh of what
+    a read decodes (37 MB for 267 MB). Sized by the stored bytes, a 600 MiB budget took the in-memory
     path and peaked at 970 MB; sized by the decoded estimate, every budget holds, and one with
     room for the decoded bytes reads everything at once."""
     data = tmp_path / "data"

@@ -89,28 +89,32 @@ def test_each_columns_bytes_are_what_it_takes_written_alone(tmp_path):
                       **_extras("tokens", n, rng), "trace": trace, "n": list(range(n))})
     pq.write_table(table, tmp_path / "all.parquet", row_group_size=ROW_GROUP)
     facts = footers.file_facts("ledger", tmp_path / "all.parquet")
-    assert facts.column_bytes is not None and list(facts.column_bytes) == table.column_names
+    assert facts.column_stored is not None and list(facts.column_stored) == table.column_names
     for col in table.column_names:
         pq.write_table(table.select([col]), tmp_path / "one.parquet", row_group_size=ROW_GROUP)
         alone = footers.file_facts("ledger", tmp_path / "one.parquet")
-        assert facts.column_bytes[col] == alone.total_bytes, col
-    assert sum(facts.column_bytes.values()) == facts.total_bytes
-    assert facts.bytes_of(["n", "rollout_id", "absent"]) == facts.column_bytes["n"] + facts.column_bytes["rollout_id"]
+        assert facts.column_stored[col] == alone.stored_bytes, col
+    assert sum(facts.column_stored.values()) == facts.stored_bytes
+    assert facts.stored_of(["n", "rollout_id", "absent"]) == facts.column_stored["n"] + facts.column_stored["rollout_id"]
 
 
 def test_a_footer_whose_columns_cannot_be_matched_counts_the_whole_file(tmp_path, monkeypatch):
     pq.write_table(pa.table({"a": [1, 2], "b": ["x", "y"]}), tmp_path / "f.parquet")
     monkeypatch.setattr(footers, "_leaves", lambda t: 2)  # 4 leaves claimed, 2 in the footer
     facts = footers.file_facts("ledger", tmp_path / "f.parquet")
-    assert facts.column_bytes is None
-    assert facts.bytes_of(["a"]) == facts.total_bytes > 0
+    assert facts.column_stored is None and facts.column_decoded is None
+    assert facts.stored_of(["a"]) == facts.stored_bytes > 0
+    assert facts.decoded_of(["a"]) == facts.decoded_bytes > 0
 
 
 def test_the_input_size_counts_only_the_columns_read(narrow, wide):
     for name in TABLES:
         assert footer_totals(wide, name) == footer_totals(narrow, name), name
-        whole = sum(f.total_bytes for f in plan_table(wide, name).facts)
-        assert whole > 2 * footer_totals(wide, name)[1], name  # the extras are most of each file
+        facts = plan_table(wide, name).facts
+        totals = footer_totals(wide, name)
+        # the extras are most of each file, stored and decoded
+        assert sum(f.stored_bytes for f in facts) > 2 * totals.stored, name
+        assert sum(f.decoded_bytes for f in facts) > 2 * totals.decoded, name
     assert planner.input_totals(wide) == planner.input_totals(narrow)
 
 
@@ -136,7 +140,7 @@ def test_small_files_are_grouped_by_the_bytes_of_the_columns_read(narrow, tmp_pa
     narrow_plan, wide_plan = plan_table(tmp_path / "narrow", "ledger"), plan_table(tmp_path / "wide", "ledger")
     read = max(wide_plan.read_decoded(i) for i in range(6))
     assert read == max(narrow_plan.read_decoded(i) for i in range(6))
-    assert min(f.total_bytes for f in wide_plan.facts) > 4 * read
+    assert min(f.stored_bytes for f in wide_plan.facts) > 4 * read
     monkeypatch.setattr(small_files, "SMALL_FILE_BYTES", 2 * read)  # far below each whole file
     assert small_files.file_groups(wide_plan, 10_000) == [list(range(6))]
 
@@ -160,10 +164,11 @@ def test_spill_buckets_follow_the_columns_read_and_the_bytes_stay_the_same(narro
 
 def test_a_ray_run_counts_the_columns_read_as_the_single_process_run_does(narrow, wide):
     pytest.importorskip("ray")
-    from chainrows.ray.job import _input_bytes
+    from chainrows.ray.job import _input_totals
     from chainrows.ray.source import check_tables, locate
 
+    sizes = planner.input_totals(narrow).values()
+    want = tuple(sum(t[k] for t in sizes) for k in range(3))  # rows, stored, decoded
     for path in (narrow, wide):
         loc = locate(str(path))
-        sizes = planner.input_totals(narrow).values()
-        assert _input_bytes(loc, check_tables(loc)) == (sum(t.stored for t in sizes), sum(t.decoded for t in sizes))
+        assert tuple(_input_totals(loc, check_tables(loc))) == want

@@ -47,7 +47,7 @@ from chainrows.progress import Progress
 
 WORK_DIR = ".chainrows-work"
 WINDOWS = "windows"  # in WORK_DIR: a stream's finished windows, step-NNNNN.json and their runs
-MANIFEST_VERSION = 8
+MANIFEST_VERSION = 9
 MERGE_SHARE = 16  # of the room, what the merge's buffered run batches may take
 ENCODE_SHARE = 16  # of the room, what cut row groups waiting for an encoder may take
 ENCODERS = 2
@@ -82,7 +82,7 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     """
     t0 = time.perf_counter()
     sizes = planner.input_totals(dataset_dir)
-    total = sum(t.decoded for t in sizes.values())  # what the plan sizes memory and disk by
+    decoded = sum(t.decoded for t in sizes.values())  # what the plan sizes memory and disk by
     has_lp = "logprobs" in table_schema(dataset_dir, "tokens").names
     footprint = planner.measure_footprint(options, has_lp)
     planner.check_budget(memory_budget, footprint)
@@ -94,15 +94,15 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
         # a budget at least the one the plan was made under holds it (the measured baseline may
         # move a little between runs); a smaller one must still hold it
         route = recorded if memory_budget >= recorded_budget else \
-            route_if_it_fits(recorded, dataset_dir, total, room, has_lp)
+            route_if_it_fits(recorded, dataset_dir, decoded, room, has_lp)
         if route is None:
-            fresh = choose_route(dataset_dir, total, room, has_lp)
+            fresh = choose_route(dataset_dir, decoded, room, has_lp)
             route = replace(fresh, why=f"{fresh.why}; the interrupted run's work needs more memory "
                                        "than this budget holds, so it was not resumed")
-    route = route or choose_route(dataset_dir, total, room, has_lp)
+    route = route or choose_route(dataset_dir, decoded, room, has_lp)
     if route.path == "stream" and route.plan is None:
         route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp), route.batches, route.resident))
-    summary = Summary(input_bytes=sum(t.stored for t in sizes.values()), decoded_bytes=total, path=route.path,
+    summary = Summary(input_bytes=sum(t.stored for t in sizes.values()), decoded_bytes=decoded, path=route.path,
                       why=route.why, batches=route.batches, compile_seconds=footprint.compile_seconds)
     Progress.say(f"path: {summary.path_text()}", enabled=progress)
     decide = lambda ledger, tokens, rollouts: reassemble(ledger, tokens, rollouts, options)  # noqa: E731
@@ -129,11 +129,11 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
             try:
                 prepare_work(work, manifest(dataset_dir, options, route, memory_budget), resume)
                 with (one_arrow_thread() if tight else nullcontext()):
-                    ipc = planner.spill_format(out, total)
+                    ipc = planner.spill_format(out, decoded)
                     if route.path == "stream":
                         runs = _stream(dataset_dir, work, route, decide, room, schemas, ipc, progress)
                     else:
-                        runs = _spill(dataset_dir, work, route, decide, room, total, schemas, ipc, progress)
+                        runs = _spill(dataset_dir, work, route, decide, room, decoded, schemas, ipc, progress)
                     summary.merge(summary_of(runs))
                     _merge(work, runs, rows_w, report_w, room, tight, ipc, progress)
             except InputError:  # unusable input: work this run started is of no use to --resume
@@ -150,7 +150,8 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
 
 
 def choose_route(dataset_dir, total: int, room: int, has_lp: bool) -> Route:
-    """In memory when its estimated peak fits; else streaming windows when a plan with at most
+    """``total``: the input's decoded bytes (``plan.input_totals``). In memory when its estimated
+    peak fits; else streaming windows when a plan with at most
     MAX_STEPS steps fits (reading the id columns once to know) and the room is at least
     STREAM_MIN_ROOM: all tables streamed, else one table resident (the smallest that makes a
     plan fit: e.g. the tokens table when its rows are shuffled); else spill buckets."""
@@ -311,7 +312,8 @@ def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, i
 
 def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int, schemas, ipc,
            progress) -> list[dict]:
-    # The streaming Parquet reader holds ~13x its batch, the bucket buffers ~2.4x their size, and
+    # The streaming Parquet reader holds ~9x its batch's decoded bytes (13x its stored bytes on
+    # the capture shape, which decode to 1.46x those), the bucket buffers ~2.4x their size, and
     # one full flush is written while the next fills: batches of room/128 and buffers of room/16
     # keep partitioning near 0.4 of the room.
     spill = partition_once(dataset_dir, work, route.batches, _batch_rows(dataset_dir, room // 128),

@@ -21,14 +21,14 @@ from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
 from chainrows.options import Options
 
 DEFAULT_BUDGET = 4 << 30
-MEMORY_FACTOR = 4.0      # in-memory run: peak over the input's uncompressed bytes (3.3x measured)
+MEMORY_FACTOR = 4.0      # in-memory run: peak over the input's decoded bytes (2.3-2.4x measured)
 MEMORY_FIXED = 96 << 20  # in-memory run: working memory whatever the input's size (threads, writers)
 SHARE = 0.75             # of the room above the baseline, what the planned peak may use
 SPILL_PEAK_FACTOR = 4.0  # spill bucket: peak over its decoded input, allocator retention included
 BUCKET_SHARE = 0.6
 MAX_STEPS = 64
 STEP_BYTES = 96 << 20  # estimated input a streaming step aims at (docs/limits.md "Memory budget")
-RUN_DISK_FACTOR = 4  # buckets (~ the input) and runs (~ the output) uncompressed, with margin
+RUN_DISK_FACTOR = 4  # buckets (~ the decoded input) and runs (~ the output) uncompressed, with margin
 STREAM_MIN_ROOM = 1 << 30  # below this room, spill: its factors are measured down to 384 MiB budgets
 
 
@@ -60,7 +60,7 @@ def input_totals(dataset_dir) -> dict[str, Totals]:
 
 def spill_format(work_parent, total_bytes: int) -> pa.ipc.IpcWriteOptions:
     """Write options of the spill buckets and sorted runs: uncompressed when the disk under
-    ``work_parent`` has RUN_DISK_FACTOR times the input's uncompressed bytes free (lz4 cost
+    ``work_parent`` has RUN_DISK_FACTOR times ``total_bytes`` (the input, decoded) free (lz4 cost
     about a seventh of a shuffled run's CPU, docs/decisions-io.md), else lz4 (about half the bytes)."""
     try:
         free = shutil.disk_usage(work_parent).free

@@ -223,10 +223,10 @@ class TablePlan:
         """The columns read from file ``i``: the output columns it has."""
         return [c for c in self.present[i] if c in self.columns]
 
-    def read_bytes(self, i: int) -> int:
+    def read_stored(self, i: int) -> int:
         """Uncompressed bytes of the columns read from file ``i`` (its footer), whatever other
         columns the file carries."""
-        return self.facts[i].bytes_of(self.read_columns(i))
+        return self.facts[i].stored_of(self.read_columns(i))
 
     def read_decoded(self, i: int) -> int:
         """Estimated Arrow bytes of the columns read from file ``i`` once decoded (its footer):
@@ -669,7 +669,7 @@ def footer_totals(dataset_dir: str | os.PathLike, name: str) -> Totals:
     they are never read."""
     plan = plan_table(dataset_dir, name)
     files = range(len(plan.files))
-    return Totals(sum(f.num_rows for f in plan.facts), sum(plan.read_bytes(i) for i in files),
+    return Totals(sum(f.num_rows for f in plan.facts), sum(plan.read_stored(i) for i in files),
                   sum(plan.read_decoded(i) for i in files))
 
 

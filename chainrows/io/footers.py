@@ -1,8 +1,8 @@
 """Parquet footers: what a run needs of each input file before reading its data, read once.
 
 A bulk run asks for every input file's footer several times: the schema checks of each table
-plan (sizes, the id scan, the stream), the input's uncompressed size, the partitioner's rows per
-batch. On a dataset of thousands of small files those re-reads cost seconds (docs/limits.md,
+plan (sizes, the id scan, the stream), the input's size (stored, and decoded as estimated from
+the footer: :func:`decoded_estimate`), the partitioner's rows per batch. On a dataset of thousands of small files those re-reads cost seconds (docs/limits.md,
 "Many small files"), so within :func:`remembered` each file's :class:`FileFacts` are read once;
 outside it every call reads the file. While any block is open, every thread of the process
 shares the one memory; an entry is used only while the file keeps its size, inode, and
@@ -32,7 +32,7 @@ class FileFacts:
     bytes of its column chunks, in all and per top-level column (None when the footer's leaf
     columns could not be matched to the schema's fields):
 
-    - ``total_bytes`` / ``column_bytes``: uncompressed, as stored (sums of each chunk's own
+    - ``stored_bytes`` / ``column_stored``: uncompressed, as stored (sums of each chunk's own
       size, not of the row groups' ``total_byte_size``, which some writers fill with the
       compressed size or 0);
     - ``decoded_bytes`` / ``column_decoded``: estimated Arrow bytes once read
@@ -42,22 +42,21 @@ class FileFacts:
 
     schema: pa.Schema
     num_rows: int
-    total_bytes: int
-    column_bytes: Mapping[str, int] | None = None
-    decoded_bytes: int | None = None
+    stored_bytes: int
+    decoded_bytes: int
+    column_stored: Mapping[str, int] | None = None
     column_decoded: Mapping[str, int] | None = None
 
-    def bytes_of(self, columns: Iterable[str]) -> int:
+    def stored_of(self, columns: Iterable[str]) -> int:
         """Uncompressed bytes of the named top-level columns (a name the file lacks counts 0).
         Columns a run does not read (a capture's request text, its transcripts) do not count.
-        ``total_bytes`` when the split is unknown."""
-        return _sum_of(self.column_bytes, self.total_bytes, columns)
+        ``stored_bytes`` when the split is unknown."""
+        return _sum_of(self.column_stored, self.stored_bytes, columns)
 
     def decoded_of(self, columns: Iterable[str]) -> int:
         """Estimated Arrow bytes of the named top-level columns once read: what reading them
-        holds in memory. ``decoded_bytes`` (or ``total_bytes``) when the split is unknown."""
-        whole = self.total_bytes if self.decoded_bytes is None else self.decoded_bytes
-        return _sum_of(self.column_decoded, whole, columns)
+        holds in memory. ``decoded_bytes`` when the split is unknown."""
+        return _sum_of(self.column_decoded, self.decoded_bytes, columns)
 
 
 def _sum_of(per_column: Mapping[str, int] | None, whole: int, columns: Iterable[str]) -> int:
@@ -73,7 +72,8 @@ OFFSET_BYTES = 4  # an Arrow list's or string's offset per entry (large types: 8
 class Leaf(NamedTuple):
     """What a leaf column's decoded size per value and per row is, from its footer schema
     (``pq.ColumnSchema``): ``width``, bytes per value (None for strings: per chunk, from their
-    statistics); ``validity``, bytes per value of its validity bitmap (1/8 when optional);
+    statistics); ``validity``, bytes per value of its validity bitmap (1/8 when the leaf or a
+    level above it is optional: an upper bound, as pyarrow leaves out bitmaps of no nulls);
     ``lists``, the list levels above it (an offset per row each)."""
 
     width: float | None
@@ -90,19 +90,21 @@ class Leaf(NamedTuple):
 
 def decoded_estimate(chunk: pq.ColumnChunkMetaData, leaf: Leaf, rows: int) -> int:
     """Estimated Arrow bytes of one leaf column chunk (``chunk``, of ``leaf``, in a row group of
-    ``rows`` rows) once decoded: a slot per value (nulls and empty lists included) of the
-    physical type's width, its validity bit, and an offset per row for each list level above
-    the leaf. A string's length is taken as the mean of its chunk's min and max statistics'
-    lengths, plus its offset, and a string chunk counts never less than its uncompressed bytes:
-    one without statistics counts those (underestimated when it is dictionary-encoded;
+    ``rows`` rows) once decoded as the types chainrows reads (strings, flat integers and floats,
+    one list level; deeper nesting and decimals are not read, and counted low): a slot per value
+    (nulls and empty lists included) of the physical type's width, its validity bit, and an
+    offset per row for each list level above the leaf. A string slot is its offset; each
+    non-null string counts the longer of its chunk's min and max statistics (the byte-order
+    extremes, usually as long as any id), and a string chunk counts never less than its
+    uncompressed bytes: one without statistics counts those (low when it is dictionary-encoded;
     docs/limits.md)."""
     n = chunk.num_values
     offsets = OFFSET_BYTES * rows * leaf.lists
     if leaf.width is not None:
         return math.ceil(n * (leaf.width + leaf.validity) + offsets)
-    strings = 0.0
+    strings = n * (OFFSET_BYTES + leaf.validity)
     if chunk.is_stats_set and (st := chunk.statistics).has_min_max:
-        strings = n * ((len(st.min_raw) + len(st.max_raw)) / 2 + OFFSET_BYTES + leaf.validity)
+        strings += st.num_values * max(len(st.min_raw), len(st.max_raw))
     return max(chunk.total_uncompressed_size, math.ceil(strings + offsets))
 
 
@@ -207,5 +209,5 @@ def facts_of(pf: pq.ParquetFile) -> FileFacts:
             stored[j] += chunk.total_uncompressed_size
             decoded[j] += decoded_estimate(chunk, leaf, rg.num_rows)
     fields = [_leaves(f.type) for f in schema]
-    return FileFacts(schema, md.num_rows, sum(stored), _per_field(stored, schema, fields),
-                     sum(decoded), _per_field(decoded, schema, fields))
+    return FileFacts(schema, md.num_rows, sum(stored), sum(decoded), _per_field(stored, schema, fields),
+                     _per_field(decoded, schema, fields))

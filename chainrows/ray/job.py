@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 
 from chainrows.api import run_tables
 from chainrows.bulk.summary import Summary
+from chainrows.io.dataset import Totals
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
 from chainrows.options import Options
 from chainrows.ray import tasks
@@ -56,7 +57,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     options = Options.of(options)
     src, dst = locate(dataset), locate(out)
     tables = check_tables(src)
-    input_bytes, decoded_bytes = _input_bytes(src, tables)
+    sizes = _input_totals(src, tables)
     has_lp = "logprobs" in tables["tokens"].columns
     with connected(address, num_cpus, worker_logs=worker_logs) as ray:
         from ray.data import DataContext
@@ -67,7 +68,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
         if progress is False:  # no bars: no "Starting execution" lines either
             logging.getLogger("ray.data").setLevel(logging.WARNING)
         n = buckets or max(TASKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)),
-                           math.ceil(decoded_bytes / BUCKET_BYTES))
+                           math.ceil(sizes.decoded / BUCKET_BYTES))
         try:
             with Staging(dst) as stage:
                 got = _pipeline(ray, src, dst, stage, tables, options, n, has_lp, engine)
@@ -76,7 +77,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
             if found is not None and found is not exc:
                 raise found from None
             raise
-    summary = Summary(input_bytes=input_bytes, decoded_bytes=decoded_bytes, path="ray", batches=n,
+    summary = Summary(input_bytes=sizes.stored, decoded_bytes=sizes.decoded, path="ray", batches=n,
                       why=f"{n:,} decide tasks on {'a local Ray' if address is None else address}")
     for r in got:
         summary.merge(Summary.from_counts(r["counts"]))
@@ -121,20 +122,22 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options
     return sorted(records, key=lambda r: r["bucket"])
 
 
-def _input_bytes(src: Location, tables) -> tuple[int, int]:
-    """Bytes of the columns read, from the footers: uncompressed as stored (the single-process
-    summary's figure) and estimated once decoded (what sizes the decide tasks). Other columns
-    a capture carries do not count."""
+def _input_totals(src: Location, tables) -> Totals:
+    """Rows and bytes of the columns read, from the footers, as the single-process run counts
+    them (``io.dataset.footer_totals``): uncompressed as stored (the summary's figure) and
+    estimated once decoded (what sizes the decide tasks). Other columns a capture carries do
+    not count."""
     import pyarrow.parquet as pq
 
     from chainrows.io.footers import facts_of
 
-    stored = decoded = 0
+    rows = stored = decoded = 0
     for tf in tables.values():
         for path, present in zip(tf.paths, tf.present):
             with src.fs.open_input_file(path) as fh:
                 facts = facts_of(pq.ParquetFile(fh))
             read = [c for c in present if c in tf.columns]
-            stored += facts.bytes_of(read)
+            rows += facts.num_rows
+            stored += facts.stored_of(read)
             decoded += facts.decoded_of(read)
-    return stored, decoded
+    return Totals(rows, stored, decoded)
