@@ -216,3 +216,27 @@ def test_python_m_chainrows_synth_follows_the_same_policy(tmp_path, capsys):
     assert len(err) == 2 and "--overwrite" in err[0] and "corrupt_rate" in err[1]
     assert not (tmp_path / "bad").exists()
     assert synth_main([str(out), "--rollouts", "32", "--overwrite"]) == 0
+
+
+def _line(text: str, label: str) -> str:
+    return next(x for x in text.splitlines() if x.startswith(label))[len(label):].strip()
+
+
+def test_the_summary_says_each_figure_in_the_units_a_user_compares_it_with():
+    """The peak in MiB beside the budget (budgets are given in MiB); the path's batches named by
+    what they are; the kernels' load time shown, since the throughput leaves it out."""
+    from chainrows.bulk.summary import Summary
+
+    s = Summary(rollouts=400, seconds=0.6, compile_seconds=0.4, peak_rss=321 << 20, budget=330 << 20,
+                path="spill", batches=5, why="a tight budget")
+    text = s.format()
+    assert _line(text, "peak memory") == "321 MiB (budget 330 MiB)"
+    assert _line(text, "path") == "spill, 5 buckets (a tight budget)"
+    assert _line(text, "time") == "0.60 s (of which loading kernels 0.4 s)"
+    assert _line(text, "throughput").startswith("2,000 rollouts/s")  # 400 in the 0.2 s left
+    assert Summary(path="stream", batches=1).path_text() == "stream, 1 window"
+    assert Summary(path="memory", why="fits in memory").path_text() == "memory (fits in memory)"
+    assert Summary(path="ray", batches=8).path_text() == "ray, 8 tasks"
+    ray = Summary(path="ray", peak_rss=1 << 30, compile_seconds=2.0, seconds=5.0).format()
+    assert _line(ray, "peak memory") == "1,024 MiB"  # no budget on Ray
+    assert _line(ray, "time") == "5.00 s (of which compiling kernels 2.0 s)"

@@ -103,7 +103,8 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     if route.path == "stream" and route.plan is None:
         route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp), route.batches, route.resident))
     summary = Summary(input_bytes=sum(t.stored for t in sizes.values()), decoded_bytes=decoded, path=route.path,
-                      why=route.why, batches=route.batches, compile_seconds=footprint.compile_seconds)
+                      why=route.why, batches=route.batches, compile_seconds=footprint.compile_seconds,
+                      budget=memory_budget)
     Progress.say(f"path: {summary.path_text()}", enabled=progress)
     decide = lambda ledger, tokens, rollouts: reassemble(ledger, tokens, rollouts, options)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ class Summary:
     why: str = ""
     batches: int = 1
     peak_rss: int = 0
+    budget: int = 0  # the --memory-budget the run was planned under (0: none, e.g. Ray)
     compile_seconds: float = 0.0
     seconds: float = 0.0
 
@@ -82,10 +83,14 @@ class Summary:
         d = dict(d)
         return cls(reasons=Counter(d.pop("reasons", {})), **d)
 
+    _UNITS = {"stream": "window", "spill": "bucket", "ray": "task"}
+
     def path_text(self) -> str:
-        """``stream, 10 batches (groups complete in read order)``: the path, its batches, why."""
-        plural = "es" if self.batches != 1 else ""
-        return f"{self.path}, {self.batches:,} batch{plural}" + (f" ({self.why})" if self.why else "")
+        """``stream, 10 windows (groups complete in read order)``: the path, its batches (windows,
+        buckets or tasks; an in-memory run has one), why."""
+        unit = self._UNITS.get(self.path)
+        count = f", {self.batches:,} {unit}{'s' if self.batches != 1 else ''}" if unit else ""
+        return f"{self.path}{count}" + (f" ({self.why})" if self.why else "")
 
     def format(self) -> str:
         masked = self.rollouts - self.ok
@@ -104,9 +109,11 @@ class Summary:
                       f", {human_bytes(self.decoded_bytes)} decoded" if self.decoded_bytes else "")),
                   ("path", self.path_text())]
         if self.peak_rss:
-            lines.append(("peak memory", human_bytes(self.peak_rss)))
-        lines.append(("time", f"{self.seconds:.2f} s" + (f" (of which compiling kernels {self.compile_seconds:.1f} s)"
-                                                          if self.compile_seconds >= 1 else "")))
+            lines.append(("peak memory", f"{self.peak_rss / 2**20:,.0f} MiB" + (
+                f" (budget {self.budget / 2**20:,.0f} MiB)" if self.budget else "")))
+        kernels = "compiling" if self.compile_seconds >= 1 else "loading"
+        lines.append(("time", f"{self.seconds:.2f} s" + (f" (of which {kernels} kernels {self.compile_seconds:.1f} s)"
+                                                          if self.compile_seconds >= 0.05 else "")))
         lines.append(("throughput", f"{self.rollouts / work:,.0f} rollouts/s, {self.tokens / work / 1e6:,.1f} M tokens/s"))
         width = max(len(k) for k, _ in lines)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)

@@ -82,8 +82,7 @@ def table_files(dataset_dir: str | os.PathLike, name: str) -> list[Path]:
     """
     root = Path(dataset_dir)
     if not root.is_dir():
-        raise InputError(f"dataset directory {str(root)!r} does not exist or is not a directory",
-                         table=name)
+        raise InputError(f"dataset directory {str(root)!r} does not exist or is not a directory")
     single, folder = root / f"{name}.parquet", root / name
     if single.exists() and folder.exists():
         raise InputError(f"table stored twice: both {single.name} and {folder.name}/ exist; "
