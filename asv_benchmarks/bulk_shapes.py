@@ -2,7 +2,7 @@
 
 For each shape of ``asv_benchmarks.shapes`` (capture order, token rows shuffled, many short
 calls, the capture order cut into 1,000 small files per table, and the capture order with ~1 GB
-of request text and transcripts beside the SPEC's columns) at ``--gb`` of token + logprob bytes:
+of request text and transcripts beside the format's columns) at ``--gb`` of token + logprob bytes:
 
 - CLI: ``chainrows reassemble DATA OUT`` at default settings in a fresh process (warm kernel
   cache), against a fresh process that reads the three tables with pyarrow (the columns

@@ -16,7 +16,7 @@ Shapes (``SHAPES``): ``capture`` (long calls, ~1,700 tokens each, as in a coding
 ~60 tokens each, so per-call costs dominate). Derived shapes (``DERIVED_SHAPES``) are made
 from another shape's files: ``files``, the capture shape in 1,000 files per table, as many
 workers or a Spark / Ray job leave a capture (``split_dataset``); ``wide``, the capture shape
-with the columns a real capture carries beside the SPEC's, each call's request text and each
+with the columns a real capture carries beside the format's, each call's request text and each
 rollout's transcript, ~1 GB of text that a run never reads (``widen_dataset``).
 """
 
@@ -194,7 +194,7 @@ def _text(rng: np.random.Generator, pool: np.ndarray, lengths: np.ndarray, rows:
 
 def widen_dataset(src, out, seed: int = 0) -> Path:
     """Write ``src``'s tables to ``out`` (replaced), file for file and row group for row group
-    as ``GROUP_ROWS`` has them, with the columns a real capture carries beside the SPEC's:
+    as ``GROUP_ROWS`` has them, with the columns a real capture carries beside the format's:
     ledger ``request_text`` (``WIDE_CHARS_PER_TOKEN`` characters per token of the call's delta)
     and ``model``, rollouts ``transcript_json`` (``WIDE_TRANSCRIPT_CHARS``)."""
     src, out = Path(src), Path(out)

@@ -1,4 +1,4 @@
-"""Columns a capture carries beside the SPEC's (the request's text, a transcript, metadata):
+"""Columns a capture carries beside the format's (the request's text, a transcript, metadata):
 never read, so never counted where a run sizes itself: the input's bytes, the route and its
 spill buckets, the reader's batch rows, the small-file groups."""
 

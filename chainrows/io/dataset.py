@@ -664,7 +664,7 @@ class Totals(NamedTuple):
 
 def footer_totals(dataset_dir: str | os.PathLike, name: str) -> Totals:
     """The :class:`Totals` of table ``name``, from its files' footers (every file's schema
-    checked; no data read). Other columns a capture carries beside the SPEC's do not count:
+    checked; no data read). Other columns a capture carries beside the format's do not count:
     they are never read."""
     plan = plan_table(dataset_dir, name)
     files = range(len(plan.files))
