@@ -786,8 +786,10 @@ def _distinct_rollout_ids(data):
 def test_progress_and_summary_say_which_path_and_why(dataset, tmp_path, capsys, route):
     summary = bulk.run(dataset, tmp_path / "out", route=route, progress=True)
     err = capsys.readouterr().err
-    assert f"path: {route.path}, {route.batches} batch" in err and "(test)" in err
-    assert f"path                        {route.path}, {route.batches} batch" in summary.format()
+    said = {"memory": "memory (test)", "stream": f"stream, {route.batches} windows (test)",
+            "spill": f"spill, {route.batches} buckets (test)"}[route.path]
+    assert f"path: {said}" in err
+    assert f"path                        {said}" in summary.format()
     bars = {"memory": "reassemble", "stream": "stream", "spill": "partition"}
     assert bars[route.path] in err and "100.0%" in err
 
