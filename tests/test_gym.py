@@ -7,6 +7,8 @@ import json
 import random
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -506,13 +508,58 @@ def test_budget_below_the_process_is_refused_up_front(tmp_path, capsys):
         import_gym(dump, tmp_path / "api", memory_budget=smallest << 19)  # half of it
 
 
-def test_buckets_hold_an_eighth_of_the_budget_of_staged_json_each():
-    from chainrows.io.gym.importer import MAX_BUCKETS, bucket_count
+def test_buckets_are_sized_by_the_room_above_the_baseline():
+    """PEAK_FACTOR times a bucket's staged JSON within SHARE of the room (the budget above the
+    process's own size): sized by the whole budget, a 366 MiB budget peaked at 435 MiB."""
+    from chainrows.io.gym.importer import MAX_BUCKETS, PEAK_FACTOR, SHARE, bucket_count
 
-    assert bucket_count(100 << 20, 800 << 20) == 1
-    assert bucket_count((100 << 20) + 1, 800 << 20) == 2
-    assert bucket_count(1000 << 20, 800 << 20) == 10
-    assert bucket_count(1 << 40, 800 << 20) == MAX_BUCKETS
+    room = 800 << 20
+    share = int(SHARE * room / PEAK_FACTOR)
+    assert bucket_count(share, room) == 1
+    assert bucket_count(share + 1, room) == 2
+    assert bucket_count(10 * share, room) == 10
+    assert bucket_count(10 * share, room // 2) == 20  # half the room: twice the buckets
+    assert bucket_count(1 << 40, room) == MAX_BUCKETS
+
+
+GYM_PEAK_SCRIPT = r"""
+import sys
+from chainrows.cli import main
+rc = main(["import-gym", *sys.argv[1:]])
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print(rc, int(hwm.split()[1]) * 1024)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
+def test_import_at_the_smallest_budget_stays_under_it(tmp_path):
+    """An agent-shaped dump of 91 MB of staged JSON imported at the smallest budget the process
+    names (plus the few MiB another process's baseline may differ by), in a fresh process that
+    reads its own VmHWM: the peak stays under. Buckets sized by an eighth of the whole budget
+    put 45 MiB of JSON in each at 366 MiB and peaked at 435 MiB."""
+    from asv_benchmarks.gym import _write_raw
+
+    _write_raw(tmp_path, 800, 1)
+    dump = tmp_path / "dump"
+    export_gym(tmp_path / "ledger.jsonl", tmp_path / "tokens.jsonl", tmp_path / "results.jsonl", dump)
+
+    def peak_run(budget: str, out: str):
+        res = subprocess.run([sys.executable, "-c", GYM_PEAK_SCRIPT, str(dump), str(tmp_path / out),
+                              "--memory-budget", budget], capture_output=True, text=True, check=True)
+        rc, peak = map(int, res.stdout.strip().splitlines()[-1].split())
+        return rc, peak, res
+
+    rc, _, refused = peak_run("1MiB", "no")
+    assert rc == 2, refused.stdout + refused.stderr
+    smallest = int(refused.stderr.strip().rsplit(" is ", 1)[1].split()[0].replace(",", ""))
+    for extra in (4, 12, 24):  # a budget this process refuses is tried a little higher
+        budget = smallest + extra
+        rc, peak, res = peak_run(f"{budget}MiB", f"out{extra}")
+        if rc == 0:
+            break
+    assert rc == 0, res.stdout + res.stderr
+    assert peak < budget << 20, f"peak RSS {peak >> 20} MiB over the {budget} MiB budget\n{res.stdout}"
 
 
 def test_malformed_line_keeps_an_existing_dataset(tmp_path):

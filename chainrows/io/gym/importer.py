@@ -40,7 +40,8 @@ from chainrows.io.write import AtomicOutput
 
 DEFAULT_BUDGET = 2 << 30
 GZ_RATIO = 5  # assumed expansion of a .gz staged file, for sizing buckets
-BUCKET_SHARE = 8  # a bucket peaks near 4x its staged JSON in Python and numpy, 7-10x in RSS (docs/gym.md)
+PEAK_FACTOR = 8  # a bucket's peak above the baseline over its staged JSON, with margin (docs/gym.md)
+SHARE = 0.75  # of the room above the baseline, what a bucket's estimated peak may use
 VERIFY_BATCH_TOKENS = 1 << 22  # tokens handed to the verifier at a time
 MAX_BUCKETS = 512  # open files of the partition pass (one table at a time)
 FAST_STAGED = True  # staged lines through chainrows.io.gym.fast (False: json.loads of every line)
@@ -87,10 +88,11 @@ def import_gym(dump_dir: str | os.PathLike, dataset_dir: str | os.PathLike, *,
     itself needs is an InputError naming the smallest that works (chainrows.io.budget, as
     ``reassemble`` refuses it). ``buckets``: force that many (tests, measurements)."""
     files = dump_files(dump_dir)
-    check_budget(memory_budget, footprint_after(load_kernels))
+    footprint = footprint_after(load_kernels)
+    check_budget(memory_budget, footprint)
     summary = GymSummary()
     staged_size = files["staged"].stat().st_size * (GZ_RATIO if files["staged"].suffix == ".gz" else 1)
-    k = buckets or bucket_count(staged_size, memory_budget)
+    k = buckets or bucket_count(staged_size, footprint.room(memory_budget))
     summary.buckets = k
     with Verifier(threads) as verifier, AtomicOutput(dataset_dir, names=("ledger", "tokens", "rollouts")) as out:
         if k == 1:
@@ -108,9 +110,11 @@ def import_gym(dump_dir: str | os.PathLike, dataset_dir: str | os.PathLike, *,
 
 # ----------------------------------------------------------------------------- partitioning
 
-def bucket_count(staged_bytes: int, memory_budget: int) -> int:
-    """Buckets of at most a BUCKET_SHARE-th of the budget of staged JSON each, at most MAX_BUCKETS."""
-    return min(MAX_BUCKETS, max(1, math.ceil(staged_bytes / max(1, memory_budget // BUCKET_SHARE))))
+def bucket_count(staged_bytes: int, room: int) -> int:
+    """Buckets so that PEAK_FACTOR times a bucket's staged JSON is at most SHARE of ``room`` (the
+    budget above the process's measured baseline), at most MAX_BUCKETS."""
+    per_bucket = max(1.0, SHARE * room / PEAK_FACTOR)
+    return min(MAX_BUCKETS, max(1, math.ceil(staged_bytes / per_bucket)))
 
 
 def _bucket_of(rollout_id: str, k: int) -> int:
