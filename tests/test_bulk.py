@@ -661,6 +661,16 @@ def _field(summary: str, name: str) -> str:
     return next(line[len(name):].strip() for line in summary.splitlines() if line.startswith(name))
 
 
+def _paths_under(data, tmp_path, budgets_mib) -> list[str]:
+    """The path each budget's run took (a fresh process each), every run under its budget."""
+    paths = []
+    for mib in budgets_mib:
+        summary, peak = _peak(data, tmp_path / f"out{mib}", "--memory-budget", f"{mib}MiB")
+        paths.append(_field(summary, "path"))
+        assert peak < mib << 20, f"peak RSS {peak >> 20} MiB over the {mib} MiB budget\n{summary}"
+    return paths
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
 def test_larger_than_memory_stays_under_budget(tmp_path):
@@ -704,11 +714,7 @@ def test_small_data_stays_under_a_budget_near_the_in_memory_threshold(tmp_path):
     baseline = int(re.search(r"([\d,]+) MiB measured", refused.stderr).group(1).replace(",", ""))
     decoded = sum(t.decoded for t in planner.input_totals(data).values())
     threshold = baseline + math.ceil((planner.MEMORY_FIXED + planner.MEMORY_FACTOR * decoded) / planner.SHARE / 2**20)
-    paths = []
-    for mib in (threshold - 60, threshold - 20, threshold + 20, threshold + 80):
-        summary, peak = _peak(data, tmp_path / f"out{mib}", "--memory-budget", f"{mib}MiB")
-        paths.append(_field(summary, "path"))
-        assert peak < mib << 20, f"peak RSS {peak >> 20} MiB over the {mib} MiB budget\n{summary}"
+    paths = _paths_under(data, tmp_path, (threshold - 60, threshold - 20, threshold + 20, threshold + 80))
     assert paths[-1].startswith("memory") and not paths[0].startswith("memory"), paths
 
 
@@ -725,11 +731,7 @@ def test_data_stored_far_below_its_decoded_size_stays_under_budget(tmp_path):
     sizes = planner.input_totals(data)
     assert sizes["tokens"].decoded > 6 * sizes["tokens"].stored
     _peak(data, tmp_path / "warm", "--memory-budget", "2GiB")  # Numba's cache warmed
-    paths = []
-    for mib in (600, 800, 2048):
-        summary, peak = _peak(data, tmp_path / f"out{mib}", "--memory-budget", f"{mib}MiB")
-        paths.append(_field(summary, "path"))
-        assert peak < mib << 20, f"peak RSS {peak >> 20} MiB over the {mib} MiB budget\n{summary}"
+    paths = _paths_under(data, tmp_path, (600, 800, 2048))
     assert paths[-1].startswith("memory") and not paths[0].startswith("memory"), paths
 
 
