@@ -29,6 +29,7 @@ from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 
 from outputs import OUTPUT_ENTRIES, no_outputs, output_bytes, read_outputs
+from peaks import at_smallest_budget, peak_run
 from test_properties import compare_outputs
 
 MEMORY = bulk.Route("memory", 1, "test")
@@ -636,25 +637,11 @@ def test_route_choice_follows_the_input_order(dataset, shuffled, monkeypatch):
 
 # ----------------------------------------------------------------------------- larger than memory
 
-# The measured command is the CLI's, run in a fresh interpreter whose own VmHWM is read at the
-# end: ru_maxrss survives execve on Linux, so a child forked from a big pytest process would
-# report the parent's RSS at fork time (measured: ~1 GiB for a 495 MiB run).
-PEAK_SCRIPT = r"""
-import sys
-from chainrows.cli import main
-rc = main(["reassemble", *sys.argv[1:]])
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
-print(rc, int(hwm.split()[1]) * 1024)
-"""
-
-
 def _peak(*args):
-    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, *map(str, args)],
-                         capture_output=True, text=True, check=True)
-    *summary, last = res.stdout.strip().splitlines()
-    rc, peak = map(int, last.split())
+    """``chainrows reassemble ARGS`` in a fresh interpreter (tests/peaks.py): its summary and peak."""
+    rc, peak, res = peak_run("reassemble", *args)
     assert rc == 0, res.stdout + res.stderr
-    return "\n".join(summary), peak
+    return "\n".join(res.stdout.strip().splitlines()[:-1]), peak
 
 
 def _field(summary: str, name: str) -> str:
@@ -709,8 +696,7 @@ def test_small_data_stays_under_a_budget_near_the_in_memory_threshold(tmp_path):
     write_synth_dataset(data, 3000, seed=1)
     _peak(data, tmp_path / "warm", "--memory-budget", "2GiB")  # Numba's cache warmed
     # the threshold from the planner's rule and the baseline such a process measures (its refusal says)
-    refused = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(data), str(tmp_path / "no"),
-                              "--memory-budget", "1MiB"], capture_output=True, text=True, check=True)
+    _, _, refused = peak_run("reassemble", data, tmp_path / "no", "--memory-budget", "1MiB")
     baseline = int(re.search(r"([\d,]+) MiB measured", refused.stderr).group(1).replace(",", ""))
     decoded = sum(t.decoded for t in planner.input_totals(data).values())
     threshold = baseline + math.ceil((planner.MEMORY_FIXED + planner.MEMORY_FACTOR * decoded) / planner.SHARE / 2**20)
@@ -743,18 +729,7 @@ def test_the_smallest_budget_the_process_accepts_holds(tmp_path):
     was below what a spill run's merge needs: 297 MiB accepted, 306 MiB peak."""
     data = tmp_path / "data"
     write_synth_dataset(data, 3000, seed=1)
-    refused = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(data), str(tmp_path / "no"),
-                              "--memory-budget", "1MiB"], capture_output=True, text=True)
-    assert refused.returncode == 0 and refused.stdout.split()[-2] == "2", refused.stdout + refused.stderr
-    smallest = int(refused.stderr.strip().rsplit(" is ", 1)[1].split()[0].replace(",", ""))
-    for extra in (4, 12, 24):  # a budget this process refuses is tried a little higher
-        budget = smallest + extra
-        res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(data), str(tmp_path / f"out{extra}"),
-                              "--memory-budget", f"{budget}MiB"], capture_output=True, text=True, check=True)
-        rc, peak = map(int, res.stdout.strip().splitlines()[-1].split())
-        if rc == 0:
-            break
-    assert rc == 0, res.stdout + res.stderr
+    budget, peak, res = at_smallest_budget("reassemble", data, tmp_path)
     assert _field(res.stdout, "path").startswith("spill"), res.stdout
     assert peak < budget << 20, f"peak RSS {peak >> 20} MiB over the {budget} MiB budget\n{res.stdout}"
 

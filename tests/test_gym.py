@@ -7,7 +7,6 @@ import json
 import random
 import shutil
 import struct
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,6 +27,7 @@ from chainrows.io.gym import wire as W
 from chainrows.io.gym.fingerprints import fingerprint
 from chainrows.io.jsonl import import_jsonl_to_dataset
 
+from peaks import at_smallest_budget
 from test_jsonl import _doc_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -522,15 +522,6 @@ def test_buckets_are_sized_by_the_room_above_the_baseline():
     assert bucket_count(1 << 40, room) == MAX_BUCKETS
 
 
-GYM_PEAK_SCRIPT = r"""
-import sys
-from chainrows.cli import main
-rc = main(["import-gym", *sys.argv[1:]])
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
-print(rc, int(hwm.split()[1]) * 1024)
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
 def test_import_at_the_smallest_budget_stays_under_it(tmp_path):
@@ -544,21 +535,7 @@ def test_import_at_the_smallest_budget_stays_under_it(tmp_path):
     dump = tmp_path / "dump"
     export_gym(tmp_path / "ledger.jsonl", tmp_path / "tokens.jsonl", tmp_path / "results.jsonl", dump)
 
-    def peak_run(budget: str, out: str):
-        res = subprocess.run([sys.executable, "-c", GYM_PEAK_SCRIPT, str(dump), str(tmp_path / out),
-                              "--memory-budget", budget], capture_output=True, text=True, check=True)
-        rc, peak = map(int, res.stdout.strip().splitlines()[-1].split())
-        return rc, peak, res
-
-    rc, _, refused = peak_run("1MiB", "no")
-    assert rc == 2, refused.stdout + refused.stderr
-    smallest = int(refused.stderr.strip().rsplit(" is ", 1)[1].split()[0].replace(",", ""))
-    for extra in (4, 12, 24):  # a budget this process refuses is tried a little higher
-        budget = smallest + extra
-        rc, peak, res = peak_run(f"{budget}MiB", f"out{extra}")
-        if rc == 0:
-            break
-    assert rc == 0, res.stdout + res.stderr
+    budget, peak, res = at_smallest_budget("import-gym", dump, tmp_path)
     assert peak < budget << 20, f"peak RSS {peak >> 20} MiB over the {budget} MiB budget\n{res.stdout}"
 
 
