@@ -15,6 +15,10 @@ from chainrows.io import take as take_module
 from chainrows.io.take import take_rows
 
 
+# rows of a few values, and rows past streamcopy.STREAM_MIN_BYTES (streamed) in every dtype
+ROW_LENGTH = st.one_of(st.integers(0, 9), st.integers(500, 700))
+
+
 def naive_take_ragged(offsets, content, idx):
     parts = [content[offsets[i]:offsets[i + 1]] for i in idx]
     out_off = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
@@ -22,7 +26,7 @@ def naive_take_ragged(offsets, content, idx):
 
 
 @settings(max_examples=150, deadline=None)
-@given(lengths=st.lists(st.integers(0, 9), max_size=40), data=st.data(),
+@given(lengths=st.lists(ROW_LENGTH, max_size=40), data=st.data(),
        dtype=st.sampled_from([np.int32, np.float32, np.uint8, np.uint64]))
 def test_take_ragged_is_the_plain_gather(lengths, data, dtype):
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -37,7 +41,7 @@ def test_take_ragged_is_the_plain_gather(lengths, data, dtype):
 
 @pytest.mark.parametrize("copy_on", ["calling thread", "all threads"])
 @settings(max_examples=150, deadline=None)
-@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=40), data=st.data(),
+@given(lengths=st.lists(ROW_LENGTH, min_size=1, max_size=40), data=st.data(),
        dtype=st.sampled_from([np.int32, np.float32, np.uint8]))
 def test_take_ragged_chunks_is_the_plain_gather_over_the_concatenation(copy_on, lengths, data, dtype):
     # small copies run serially; the threshold at 0 sends every chunk through the parallel kernel

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 
 from chainrows.engine._jit import jit
+from chainrows.engine.streamcopy import STREAM_MIN_BYTES, store_fence, stream_copy
 from chainrows.engine.verify import check_hash, check_logprobs
 
 
@@ -106,12 +107,17 @@ def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off,
 
 @jit(inline="always")
 def _copy_entry(m, row_calls, call_dst, src_start, delta_len, src, dst):
-    """Copy the delta of listed call m (c = row_calls[m]) to its place in the rows; returns c."""
+    """Copy the delta of listed call m (c = row_calls[m]) to its place in the rows; returns c.
+    A delta of at least STREAM_MIN_BYTES is streamed (streamcopy): the kernels that call this
+    end with store_fence()."""
     c = row_calls[m]
     d = delta_len[c]
     t = call_dst[m]
     a = src_start[c]
-    _copy(dst[t:t + d], src[a:a + d])
+    if d * dst.itemsize >= STREAM_MIN_BYTES:
+        stream_copy(dst, t, src, a, d)
+    else:
+        _copy(dst[t:t + d], src[a:a + d])
     return c
 
 
@@ -122,6 +128,7 @@ def copy_deltas(chunks, entries, row_calls, call_dst, src_start, delta_len, src,
     for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
             _copy_entry(entries[j], row_calls, call_dst, src_start, delta_len, src, dst)
+    store_fence()
 
 
 @jit
@@ -138,6 +145,7 @@ def copy_hash_deltas(chunks, entries, row_calls, call_dst, delta_len, parent, ch
         for j in range(chunks[kk], chunks[kk + 1]):
             c = _copy_entry(entries[j], row_calls, call_dst, tok_start, delta_len, tokens, input_ids)
             status[c] = check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens)
+    store_fence()
 
 
 @jit
@@ -153,3 +161,4 @@ def copy_check_logprobs(chunks, entries, row_calls, call_dst, delta_len, gen_len
             c = _copy_entry(entries[j], row_calls, call_dst, lp_start, delta_len, logprobs, out)
             if status[c] == 0:
                 status[c] = check_logprobs(c, gen_len, lp_start, lp_stop, logprobs)
+    store_fence()

@@ -17,6 +17,7 @@ from chainrows.engine._jit import jit
 from chainrows.engine.batch import readonly
 from chainrows.engine.buffers import empty
 from chainrows.engine.chunks import even_chunks
+from chainrows.engine.streamcopy import STREAM_MIN_BYTES, store_fence, stream_copy
 from chainrows.engine.threads import run
 
 # Below this many bytes a copy runs on the calling thread: a part handed to another thread waits
@@ -41,14 +42,20 @@ def _gather_rows(chunks, chunk_address, chunk_bytes, row_chunk, src, dst, out):
     A chunk is ``chunk_bytes[c]`` bytes at address ``chunk_address[c]`` (int64): one array of
     addresses passes any number of chunks in one call, where a typed list of arrays costs
     microseconds per chunk to build. The caller keeps the chunks alive and checks every row's
-    range against its chunk's size. ``row_chunk``, ``src``, ``dst``: int64 (``dst`` one longer)."""
+    range against its chunk's size. ``row_chunk``, ``src``, ``dst``: int64 (``dst`` one longer).
+    A row of at least STREAM_MIN_BYTES is streamed (streamcopy)."""
     for j in range(chunks[0], chunks[-1]):
         c = row_chunk[j]
         n = dst[j + 1] - dst[j]
-        source = numba.carray(_byte_pointer(chunk_address[c]), chunk_bytes[c])[src[j]:src[j] + n]
+        chunk = numba.carray(_byte_pointer(chunk_address[c]), chunk_bytes[c])
+        if n >= STREAM_MIN_BYTES:
+            stream_copy(out, dst[j], chunk, src[j], n)
+            continue
+        source = chunk[src[j]:src[j] + n]
         target = out[dst[j]:dst[j] + n]
         for i in range(n):  # slices of known length: LLVM vectorises this into a block copy
             target[i] = source[i]
+    store_fence()
 
 
 def _checked_offsets(offsets: list[np.ndarray], contents: list[np.ndarray]) -> tuple[np.ndarray, ...]:
