@@ -92,6 +92,27 @@ def test_engine_matches_reference_through_the_candidate_index(seed):
         select.LINEAR_MAX = saved
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), threads=st.sampled_from((1, 2)))
+def test_engine_matches_reference_with_every_delta_streamed(seed, threads):
+    """The same with the row copies streaming every delta (chainrows.engine.streamcopy), where
+    a run streams only deltas of 512 bytes and more into outputs of 32 MiB and more: these
+    deltas of up to 73 tokens then cover the head, whole-line and tail parts of the copy."""
+    import numba
+
+    from chainrows.engine import run as engine_run
+
+    ledger, tokens, rollouts, options = random_dataset(seed, n_rollouts=40)
+    saved_threads, saved_from = numba.get_num_threads(), engine_run.stream_from
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    engine_run.stream_from = lambda output_bytes: 1
+    try:
+        compare(seed, ledger, tokens, rollouts, options)
+    finally:
+        engine_run.stream_from = saved_from
+        numba.set_num_threads(saved_threads)
+
+
 def test_corruptions_reach_every_reason_code():
     """The random inputs above do exercise every reason code (else the property is weak)."""
     from chainrows.reasons import REASONS

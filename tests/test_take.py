@@ -10,13 +10,25 @@ from unittest import mock
 
 from chainrows.engine import ragged
 from chainrows.engine.ragged import take_ragged, take_ragged_chunks
+from chainrows.engine.streamcopy import STREAM_MIN_BYTES
 from chainrows.io.background import BackgroundWriter
 from chainrows.io import take as take_module
 from chainrows.io.take import take_rows
 
 
-# rows of a few values, and rows past streamcopy.STREAM_MIN_BYTES (streamed) in every dtype
+# rows of a few values, and rows past streamcopy.STREAM_MIN_BYTES in every dtype, which
+# stream_rows streams
 ROW_LENGTH = st.one_of(st.integers(0, 9), st.integers(500, 700))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def stream_rows():
+    """Rows of STREAM_MIN_BYTES and more streamed, whatever the output's size (a run streams
+    only into outputs of STREAM_MIN_OUTPUT_BYTES and more: these are small)."""
+    saved = ragged.stream_from
+    ragged.stream_from = lambda output_bytes: STREAM_MIN_BYTES
+    yield
+    ragged.stream_from = saved
 
 
 def naive_take_ragged(offsets, content, idx):

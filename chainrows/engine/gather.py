@@ -15,7 +15,7 @@ from __future__ import annotations
 
 
 from chainrows.engine._jit import jit
-from chainrows.engine.streamcopy import STREAM_MIN_BYTES, store_fence, stream_copy
+from chainrows.engine.streamcopy import store_fence, stream_copy
 from chainrows.engine.verify import check_hash, check_logprobs
 
 
@@ -106,15 +106,15 @@ def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off,
 
 
 @jit(inline="always")
-def _copy_entry(m, row_calls, call_dst, src_start, delta_len, src, dst):
+def _copy_entry(m, row_calls, call_dst, src_start, delta_len, src, dst, stream_bytes):
     """Copy the delta of listed call m (c = row_calls[m]) to its place in the rows; returns c.
-    A delta of at least STREAM_MIN_BYTES is streamed (streamcopy): the kernels that call this
+    A delta of at least ``stream_bytes`` is streamed (streamcopy): the kernels that call this
     end with store_fence()."""
     c = row_calls[m]
     d = delta_len[c]
     t = call_dst[m]
     a = src_start[c]
-    if d * dst.itemsize >= STREAM_MIN_BYTES:
+    if d * dst.itemsize >= stream_bytes:
         stream_copy(dst, t, src, a, d)
     else:
         _copy(dst[t:t + d], src[a:a + d])
@@ -122,18 +122,19 @@ def _copy_entry(m, row_calls, call_dst, src_start, delta_len, src, dst):
 
 
 @jit
-def copy_deltas(chunks, entries, row_calls, call_dst, src_start, delta_len, src, dst):
+def copy_deltas(chunks, entries, row_calls, call_dst, src_start, delta_len, src, dst, stream_bytes):
     """For each m in ``entries`` (split by ``chunks``): c = row_calls[m], d = delta_len[c];
-    dst[call_dst[m]:call_dst[m] + d] = src[src_start[c]:src_start[c] + d]."""
+    dst[call_dst[m]:call_dst[m] + d] = src[src_start[c]:src_start[c] + d]; deltas of at least
+    ``stream_bytes`` streamed (``streamcopy.stream_from`` of the output's size)."""
     for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
-            _copy_entry(entries[j], row_calls, call_dst, src_start, delta_len, src, dst)
+            _copy_entry(entries[j], row_calls, call_dst, src_start, delta_len, src, dst, stream_bytes)
     store_fence()
 
 
 @jit
 def copy_hash_deltas(chunks, entries, row_calls, call_dst, delta_len, parent, chain_hash, integrity_bad,
-                     tok_start, tok_stop, tokens, input_ids, status):
+                     tok_start, tok_stop, tokens, input_ids, status, stream_bytes):
     """:func:`copy_deltas` of the token buffer ``tokens`` into ``input_ids``, and for each copied
     call c: status[c] = check 14 (``verify.check_hash``: integrity_error, then the chain hash
     seeded with ``chain_hash[parent[c]]``), 0 when it passes.
@@ -143,14 +144,14 @@ def copy_hash_deltas(chunks, entries, row_calls, call_dst, delta_len, parent, ch
     row, each time writing the same value."""
     for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
-            c = _copy_entry(entries[j], row_calls, call_dst, tok_start, delta_len, tokens, input_ids)
+            c = _copy_entry(entries[j], row_calls, call_dst, tok_start, delta_len, tokens, input_ids, stream_bytes)
             status[c] = check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens)
     store_fence()
 
 
 @jit
 def copy_check_logprobs(chunks, entries, row_calls, call_dst, delta_len, gen_len, lp_start, lp_stop,
-                        logprobs, out, status):
+                        logprobs, out, status, stream_bytes):
     """:func:`copy_deltas` of the logprob buffer ``logprobs`` into ``out``, and for each copied
     call c whose ``status[c]`` is still 0 (check 14 passed): status[c] = check 15
     (``verify.check_logprobs``: finite, 0.0 on the carry), 0 when it passes. Run after
@@ -158,7 +159,7 @@ def copy_check_logprobs(chunks, entries, row_calls, call_dst, delta_len, gen_len
     ``lp_stop[c] - lp_start[c] == delta_len[c]`` (checks 12–13)."""
     for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
-            c = _copy_entry(entries[j], row_calls, call_dst, lp_start, delta_len, logprobs, out)
+            c = _copy_entry(entries[j], row_calls, call_dst, lp_start, delta_len, logprobs, out, stream_bytes)
             if status[c] == 0:
                 status[c] = check_logprobs(c, gen_len, lp_start, lp_stop, logprobs)
     store_fence()

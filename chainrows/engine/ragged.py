@@ -17,7 +17,7 @@ from chainrows.engine._jit import jit
 from chainrows.engine.batch import readonly
 from chainrows.engine.buffers import empty
 from chainrows.engine.chunks import even_chunks
-from chainrows.engine.streamcopy import STREAM_MIN_BYTES, store_fence, stream_copy
+from chainrows.engine.streamcopy import store_fence, stream_copy, stream_from
 from chainrows.engine.threads import run
 
 # Below this many bytes a copy runs on the calling thread: a part handed to another thread waits
@@ -35,7 +35,7 @@ def _byte_pointer(typingctx, address):
 
 
 @jit
-def _gather_rows(chunks, chunk_address, chunk_bytes, row_chunk, src, dst, out):
+def _gather_rows(chunks, chunk_address, chunk_bytes, row_chunk, src, dst, out, stream_bytes):
     """Copy rows ``chunks[0]:chunks[-1]``: row ``j``'s bytes ``[src[j], src[j] + dst[j + 1] -
     dst[j])`` of chunk ``row_chunk[j]`` to ``out[dst[j]:dst[j + 1]]``.
 
@@ -43,12 +43,12 @@ def _gather_rows(chunks, chunk_address, chunk_bytes, row_chunk, src, dst, out):
     addresses passes any number of chunks in one call, where a typed list of arrays costs
     microseconds per chunk to build. The caller keeps the chunks alive and checks every row's
     range against its chunk's size. ``row_chunk``, ``src``, ``dst``: int64 (``dst`` one longer).
-    A row of at least STREAM_MIN_BYTES is streamed (streamcopy)."""
+    A row of at least ``stream_bytes`` is streamed (``streamcopy.stream_from`` of len(out))."""
     for j in range(chunks[0], chunks[-1]):
         c = row_chunk[j]
         n = dst[j + 1] - dst[j]
         chunk = numba.carray(_byte_pointer(chunk_address[c]), chunk_bytes[c])
-        if n >= STREAM_MIN_BYTES:
+        if n >= stream_bytes:
             stream_copy(out, dst[j], chunk, src[j], n)
             continue
         source = chunk[src[j]:src[j] + n]
@@ -116,5 +116,5 @@ def take_ragged_chunks(offsets: list[np.ndarray], contents: list[np.ndarray],
         whole = np.array([0, len(idx)], dtype=np.int64)  # one chunk: run() keeps it on this thread
         run(_gather_rows, even_chunks(len(idx)) if len(out) >= PARALLEL_MIN_BYTES else whole,
             readonly(address), readonly(sizes * width), readonly(row_chunk), readonly(src),
-            readonly(dst_off * width), out)
+            readonly(dst_off * width), out, stream_from(len(out)))
     return dst_off, out.view(dtype)

@@ -23,6 +23,7 @@ from chainrows.engine.gather import (
 )
 from chainrows.engine import select
 from chainrows.engine.select import select_calls, serving_index
+from chainrows.engine.streamcopy import stream_from
 from chainrows.engine.threads import run
 from chainrows.engine.verify import data_checks, mark_chain_calls, verify_chains
 from chainrows.options import Options
@@ -333,20 +334,22 @@ def _gather(b: Batch, chunks: np.ndarray, dec: Decisions, options: Options,
         dec.chain_start, b.delta_len, b.gen_len, b.has_logprobs, input_ids, loss_mask, logprobs, row_calls,
         call_dst)
     ro_calls, ro_dst = readonly(row_calls), readonly(call_dst)
+    stream_bytes = stream_from(input_ids.nbytes)  # logprobs: as many bytes
     for k, (entries, copy_chunks) in enumerate(_copy_chunks(b, row_calls)):
         entries = readonly(entries)
         if status is None:
             run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.tok_start, b.delta_len, b.tokens[k],
-                input_ids)
+                input_ids, stream_bytes)
             if b.has_logprobs:
                 run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.lp_start, b.delta_len,
-                    b.logprobs[k], logprobs)
+                    b.logprobs[k], logprobs, stream_bytes)
         else:
             run(copy_hash_deltas, copy_chunks, entries, ro_calls, ro_dst, b.delta_len, b.parent,
-                b.chain_hash, b.integrity_bad, b.tok_start, b.tok_stop, b.tokens[k], input_ids, status)
+                b.chain_hash, b.integrity_bad, b.tok_start, b.tok_stop, b.tokens[k], input_ids, status,
+                stream_bytes)
             if b.has_logprobs:
                 run(copy_check_logprobs, copy_chunks, entries, ro_calls, ro_dst, b.delta_len, b.gen_len,
-                    b.lp_start, b.lp_stop, b.logprobs[k], logprobs, status)
+                    b.lp_start, b.lp_stop, b.logprobs[k], logprobs, status, stream_bytes)
     row_rollout = np.repeat(np.arange(R, dtype=np.int64), rows_per)
     return RowArrays(row_off, row_rollout, segment, rows_per[row_rollout].astype(np.int32), prompt,
                      tok_off, input_ids, loss_mask, logprobs if b.has_logprobs else None, call_off,

@@ -1,31 +1,46 @@
 """Copy runs of values with non-temporal (streaming) stores, inside Numba kernels.
 
 ``stream_copy(dst, d0, src, s0, n)`` does ``dst[d0:d0 + n] = src[s0:s0 + n]`` for 1-D arrays of
-one integer or float dtype: the bytes before the first 64-byte boundary of the destination and
-after the last one are copied one by one, the whole cache lines between with 64-byte vector
-stores marked ``!nontemporal``. Bits are copied as they are (float NaN payloads included). ``store_fence()`` orders those stores
-before anything the thread writes afterwards: a kernel that streams calls it once before it
+one integer or float dtype, ``dst`` writable, the two ranges not overlapping: the bytes before
+the first 64-byte boundary of the destination and after the last one are copied one by one,
+the whole cache lines between with 64-byte vector stores marked ``!nontemporal``. Bits are
+copied as they are (float NaN payloads included). ``store_fence()`` orders those stores before
+anything the thread writes afterwards (``sfence`` on x86-64, where a sequentially consistent
+``fence`` alone compiles to a locked instruction, which Intel does not document as ordering
+streaming stores; the ``fence`` too, everywhere): a kernel that streams calls it once before it
 returns, so the values are in memory when another thread (or Python) reads them.
 
-Why: a store to a line not in cache first reads the line (read for ownership). The rows of a
-batch are gigabytes written once and not read again by the engine, so that read is wasted
-traffic; streaming whole lines skips it. Under a few cache lines the partial lines cost more
-than they save, so callers stream runs of at least ``STREAM_MIN_BYTES`` only
-(docs/decisions-engine.md "Streaming stores"). Targets without streaming stores ignore the
-hint; the fence is a sequentially consistent ``fence`` (``mfence`` on x86-64).
+Why: a store to a line not in cache first reads the line (read for ownership). Row buffers of
+a large batch are written once and are in memory, not in cache, by the time anything reads
+them (the Parquet encoder, a trainer), so that read is wasted traffic; streaming whole lines
+skips it. Two limits keep plain stores where streaming loses (docs/decisions-engine.md
+"Gather"): a run under ``STREAM_MIN_BYTES`` (its partial lines cost more than they save), and
+an output under ``STREAM_MIN_OUTPUT_BYTES`` (read soon after, from cache, which streaming
+would have bypassed): :func:`stream_from` gives the kernels the run length to stream from.
+Targets without streaming stores ignore the hint.
 
 Plain-Python definition: :func:`stream_copy_py`. ``0 <= d0``, ``d0 + n <= len(dst)``, ``0 <=
 s0``, ``s0 + n <= len(src)`` is the caller's contract and is not checked.
+
+The kernels that call these helpers are cached by Numba, which recompiles a kernel when its
+own file changes, not when this one does: after editing this module, clear the
+``__pycache__`` of ``chainrows/engine`` (or point ``NUMBA_CACHE_DIR`` at an empty folder).
 """
 
 from __future__ import annotations
 
+import platform
+
+import numpy as np
 from llvmlite import ir
-from numba.core import types
+from numba.core import cgutils, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-STREAM_MIN_BYTES = 512  # a shorter run is copied with plain stores by the callers
+STREAM_MIN_BYTES = 512  # a shorter run is copied with plain stores
+STREAM_MIN_OUTPUT_BYTES = 32 << 20  # a smaller output is written with plain stores: about a last-level cache
+NEVER = np.iinfo(np.int64).max  # a run length no run reaches
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 _LINE = 64  # bytes per streamed vector store: one whole cache line
 
@@ -85,6 +100,13 @@ def _stream_copy_codegen(context, builder, signature, args):
     return context.get_dummy_value()
 
 
+def stream_from(output_bytes: int) -> int:
+    """The run length in bytes from which a kernel writing an output of ``output_bytes``
+    streams: ``STREAM_MIN_BYTES`` for an output of at least ``STREAM_MIN_OUTPUT_BYTES``, else
+    ``NEVER``."""
+    return STREAM_MIN_BYTES if output_bytes >= STREAM_MIN_OUTPUT_BYTES else NEVER
+
+
 def _flat_numbers(ty, name):
     if not (isinstance(ty, types.Array) and ty.ndim == 1 and ty.layout == "C"
             and isinstance(ty.dtype, (types.Integer, types.Float))):
@@ -96,6 +118,8 @@ def stream_copy(typingctx, dst, d0, src, s0, n):
     """dst[d0:d0 + n] = src[s0:s0 + n], whole destination cache lines streamed (see the module)."""
     _flat_numbers(dst, "dst")
     _flat_numbers(src, "src")
+    if not dst.mutable:
+        raise TypingError(f"stream_copy: dst is read-only ({dst})")
     if dst.dtype != src.dtype:
         raise TypingError(f"stream_copy: dst and src differ in dtype ({dst.dtype}, {src.dtype})")
     if not all(isinstance(v, types.Integer) for v in (d0, s0, n)):
@@ -105,10 +129,13 @@ def stream_copy(typingctx, dst, d0, src, s0, n):
 
 @intrinsic
 def store_fence(typingctx):
-    """A sequentially consistent fence: the streamed stores before it are visible before any
-    memory access after it."""
+    """The streamed stores before it are visible before any memory access after it."""
 
     def codegen(context, builder, signature, args):
+        if _X86:
+            sfence = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                    "llvm.x86.sse.sfence")
+            builder.call(sfence, [])
         builder.fence("seq_cst")
         return context.get_dummy_value()
 
