@@ -1121,6 +1121,30 @@ def test_api_utf8_error_wins_over_a_join_error(monkeypatch, threads):
     assert both == msg
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_joins_beside_each_other_fail_in_serial_order(monkeypatch, threads):
+    """The responses join runs beside the item join (on the helper thread with two threads,
+    after it with one); when both fail, the responses' error comes, as it would run in order,
+    and each alone gives its own."""
+    from chainrows import reassemble
+    from chainrows.io import columnar
+
+    def failing(message):
+        def join(*args):
+            raise InputError(message)
+        return join
+
+    tables = _tables()
+    with _Threads(threads):
+        monkeypatch.setattr(columnar, "join_items", failing("ledger: the item join failed"))
+        assert _err(reassemble, *tables) == "ledger: the item join failed"
+        monkeypatch.setattr(columnar, "join_responses", failing("rollouts: the responses join failed"))
+        assert _err(reassemble, *tables) == "rollouts: the responses join failed"
+        monkeypatch.undo()
+        monkeypatch.setattr(columnar, "join_responses", failing("rollouts: the responses join failed"))
+        assert _err(reassemble, *tables) == "rollouts: the responses join failed"
+
+
 def _broken_offsets(arr: pa.ChunkedArray, how: str) -> pa.Array:
     """A string or list<string> column whose offsets Arrow's quick ``validate()`` accepts and a
     reader of the bytes would follow out of bounds: a middle string offset past the data

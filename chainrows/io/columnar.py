@@ -3,8 +3,9 @@
 ``build_batch`` runs the named joins of chainrows.io.joins in order and packs their arrays
 into a Batch. Rollouts get indices in byte order of their ids, so the engine's output is
 already sorted by rollout_id. With more than one thread (Numba's and Arrow's), a helper thread
-checks the tables' strings (UTF-8) and makes the token and logprob buffers while the ids are
-joined.
+checks the tables' strings (UTF-8), makes the token and logprob buffers, takes the rollouts
+rows and lays out the per-call ledger columns while the ids are joined, then joins responses
+and rewards beside the item join.
 """
 
 from __future__ import annotations
@@ -73,10 +74,14 @@ def _build(ledger, tokens, rollouts, utf8: _Utf8Checks) -> tuple[Batch, Labels]:
     calls = join_calls(ro, tokens)
     toks = join_tokens(calls, len(ro.of_call), buffers)
     rec = records.result()
-    resp = join_responses(ro, rec)
-    items = join_items(ro, rec)
-    cand = build_candidates(ro.call_off, items.key_off, items.item_keys, ro.of_call)
-    rew = join_rewards(rec, ro.n)
+    answers = _submit(_responses_and_rewards, ro, rec)  # beside the item join
+    try:
+        items = join_items(ro, rec)
+        cand = build_candidates(ro.call_off, items.key_off, items.item_keys, ro.of_call)
+    except Exception:
+        answers.result()  # run in order, the responses' error would have come first
+        raise
+    resp, rew = answers.result()
     col = per_call.result()
     batch = Batch(
         call_off=ro.call_off, has_record=rec.has_record, dup_record=rec.dup_record,
@@ -98,6 +103,10 @@ def _build(ledger, tokens, rollouts, utf8: _Utf8Checks) -> tuple[Batch, Labels]:
     labels = Labels(rollout_ids=ro.ids, group_ids=rew.group_ids, call_ids=col["call_ids"],
                     orphan_token_rows=toks.orphan_rows, integrity_errors=col["integrity_errors"])
     return batch, labels
+
+
+def _responses_and_rewards(ro, rec):
+    return join_responses(ro, rec), join_rewards(rec, ro.n)
 
 
 def _call_columns(ro) -> dict:
