@@ -15,16 +15,8 @@ from __future__ import annotations
 
 
 from chainrows.engine._jit import jit
-from chainrows.engine.streamcopy import store_fence, stream_copy
+from chainrows.engine.streamcopy import copy_run, store_fence
 from chainrows.engine.verify import check_hash, check_logprobs
-
-
-@jit(inline="always")
-def _copy(dst, src):
-    """dst[:] = src[:] for views of equal length. An explicit loop over slice views: Numba's
-    slice assignment ran ~1.5x slower on 460-token blocks (59-93 vs 52-59 ms per 530 MB)."""
-    for i in range(len(src)):
-        dst[i] = src[i]
 
 
 @jit(inline="always")
@@ -108,16 +100,10 @@ def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off,
 @jit(inline="always")
 def _copy_entry(m, row_calls, call_dst, src_start, delta_len, src, dst, stream_bytes):
     """Copy the delta of listed call m (c = row_calls[m]) to its place in the rows; returns c.
-    A delta of at least ``stream_bytes`` is streamed (streamcopy): the kernels that call this
-    end with store_fence()."""
+    A delta of at least ``stream_bytes`` is streamed (``streamcopy.copy_run``): the kernels
+    that call this end with store_fence()."""
     c = row_calls[m]
-    d = delta_len[c]
-    t = call_dst[m]
-    a = src_start[c]
-    if d * dst.itemsize >= stream_bytes:
-        stream_copy(dst, t, src, a, d)
-    else:
-        _copy(dst[t:t + d], src[a:a + d])
+    copy_run(dst, call_dst[m], src, src_start[c], delta_len[c], stream_bytes)
     return c
 
 

@@ -17,7 +17,7 @@ from chainrows.engine._jit import jit
 from chainrows.engine.batch import readonly
 from chainrows.engine.buffers import empty
 from chainrows.engine.chunks import even_chunks
-from chainrows.engine.streamcopy import store_fence, stream_copy, stream_from
+from chainrows.engine.streamcopy import copy_run, store_fence, stream_from
 from chainrows.engine.threads import run
 
 # Below this many bytes a copy runs on the calling thread: a part handed to another thread waits
@@ -43,18 +43,13 @@ def _gather_rows(chunks, chunk_address, chunk_bytes, row_chunk, src, dst, out, s
     addresses passes any number of chunks in one call, where a typed list of arrays costs
     microseconds per chunk to build. The caller keeps the chunks alive and checks every row's
     range against its chunk's size. ``row_chunk``, ``src``, ``dst``: int64 (``dst`` one longer).
-    A row of at least ``stream_bytes`` is streamed (``streamcopy.stream_from`` of len(out))."""
+    A row of at least ``stream_bytes`` is streamed (``streamcopy.copy_run``; ``stream_from``
+    of len(out))."""
     for j in range(chunks[0], chunks[-1]):
         c = row_chunk[j]
         n = dst[j + 1] - dst[j]
         chunk = numba.carray(_byte_pointer(chunk_address[c]), chunk_bytes[c])
-        if n >= stream_bytes:
-            stream_copy(out, dst[j], chunk, src[j], n)
-            continue
-        source = chunk[src[j]:src[j] + n]
-        target = out[dst[j]:dst[j] + n]
-        for i in range(n):  # slices of known length: LLVM vectorises this into a block copy
-            target[i] = source[i]
+        copy_run(out, dst[j], chunk, src[j], n, stream_bytes)
     store_fence()
 
 
