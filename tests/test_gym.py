@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import shutil
 import struct
 import sys
@@ -287,6 +288,49 @@ def test_unselected_corrupt_call_masks_nothing(tmp_path):
     summary = import_gym(dump, tmp_path / "ds")
     assert dict(summary.failures) == {V.CHAIN: 1}
     assert _report(tmp_path / "ds")["r1"]["status"] == "ok"
+
+
+def _edited_raw(tmp_path: Path, name: str, edit) -> dict:
+    """The docs/jsonl.md example with ``edit`` applied to the first record of file ``name``."""
+    raw = _doc_raw(tmp_path)
+    records = [json.loads(line) for line in raw[name].read_text().splitlines() if line.strip()]
+    edit(records[0])
+    raw[name].write_text("".join(json.dumps(x) + "\n" for x in records))
+    return raw
+
+
+@pytest.mark.parametrize("field, check", [("prev_len", V.RANGE), ("delta_len", V.LENGTHS)])
+def test_a_negative_length_is_exported_and_fails_its_import_check(tmp_path, field, check):
+    """import-jsonl takes a negative length (the engine masks the rollout); the exporter writes
+    it too (its digest packs the length wrapped, as a negative token id is) and the import
+    names the check the call fails, instead of the export stopping on an internal error."""
+    dump = _export(tmp_path, _edited_raw(tmp_path, "ledger", lambda call: call.update({field: -1})))
+    assert dict(import_gym(dump, tmp_path / "ds").failures) == {check: 1}
+
+
+def _nested(depth: int) -> dict:
+    value: object = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("name, edit, what", [
+    ("results", lambda r: r.update(output=[1]), "field 'output' item 0 must be an object"),
+    ("results", lambda r: r["output"][1].update(deep=_nested(500)),
+     "field 'output' cannot be fingerprinted: nested too deeply"),
+    ("ledger", lambda c: c["output_items"][0].update(id=5), "has an id that is not a string: the number 5"),
+])
+def test_export_refuses_the_items_import_jsonl_refuses(tmp_path, name, edit, what):
+    """An export that succeeded here gave a dump the import refused, naming the dump instead of
+    the user's file."""
+    raw = _edited_raw(tmp_path, name, edit)
+    for convert in (lambda: import_jsonl_to_dataset(raw["ledger"], raw["tokens"], raw["results"], tmp_path / "ds"),
+                    lambda: _export(tmp_path, raw)):
+        with pytest.raises(InputError, match=re.escape(what)) as err:
+            convert()
+        assert f"{name}: line 1:" in str(err.value) and str(raw[name]) in str(err.value)
+    assert not any((tmp_path / "dump").glob("*.jsonl"))
 
 
 def test_more_structural_failures(tmp_path):

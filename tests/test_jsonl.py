@@ -366,6 +366,14 @@ def test_json_python_cannot_hold_is_a_one_line_input_error(tmp_path, reader, lin
     assert what in _err(reader, path)
 
 
+def test_an_integer_logprob_float32_cannot_hold_is_rounded_as_a_float_is(tmp_path):
+    """Arrow refuses an integer float32 cannot hold exactly (2**24 + 1); the importer reads it
+    as the float it is, rounded to float32 as ``-16777217.0`` would be."""
+    toks = _lines(tmp_path / "t.jsonl", '{"rollout_id": "r1", "call_id": "c1", "tokens": [1, 2, 3], '
+                                        '"logprobs": [0, -16777217, 1099511627776]}')
+    assert read_tokens_jsonl(toks).column("logprobs").to_pylist() == [[0.0, -16777216.0, 2.0 ** 40]]
+
+
 def test_a_surrogate_pair_escape_is_text_and_a_huge_logprob_is_inf(tmp_path):
     """A proper \\ud83d\\ude00 pair decodes to one character; a logprob integer literal beyond
     float64 becomes -inf as float32 storage would have it (left to check 15)."""

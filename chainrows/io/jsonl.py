@@ -246,9 +246,13 @@ def _float_list(r: _Line, field: str) -> list[float] | None:
     if not all(type(v) in (float, int) for v in values):
         bad = next(i for i, v in enumerate(values) if type(v) not in (float, int))
         raise r.error(f"entry {bad} must be a number, got {_kind(values[bad])}", field)
-    if values and (max(values) >= 1 << 63 or min(values) < -(1 << 63)):  # Arrow takes ints through int64
+    if any(type(v) is int and not -_F32_EXACT <= v <= _F32_EXACT for v in values):
+        # Arrow refuses an integer float32 cannot hold exactly: rounded as a float literal is
         return [_float_or_inf(v) for v in values]
     return values
+
+
+_F32_EXACT = 1 << 24  # every integer up to this is exactly a float32
 
 
 def _float_or_inf(v) -> float:

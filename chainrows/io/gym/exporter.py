@@ -24,7 +24,7 @@ import numpy as np
 
 from chainrows.io.gym import wire as W
 from chainrows.io.gym.fingerprints import fingerprint, is_model_authored
-from chainrows.io.jsonl import _float_list, _int32_list, _string_list, iter_records
+from chainrows.io.jsonl import _float_list, _int32_list, _item_keys, _kind, _string_list, iter_records
 from chainrows.io.outfile import OutFile
 
 SCHEMA_VERSION = 3
@@ -69,9 +69,8 @@ def export_gym(ledger_path, tokens_path, results_path, dump_dir: str | os.PathLi
     results = []
     for r in iter_records(results_path, "results"):
         rid = r.string("rollout_id")
+        _item_keys(r, "output")  # what import-jsonl refuses in an output is refused here too
         output = r.get("output")
-        if output is not None and not isinstance(output, list):
-            raise r.error("must be an array of item objects or null", "output")
         results.append(dict(rollout_id=rid, group_id=r.string("group_id", nullable=True, default=None),
                             reward=r.number("reward"), output=output or [],
                             terminal_response_id=r.string("terminal_response_id", nullable=True, default=None),
@@ -89,7 +88,10 @@ def _item_ref(r, item: dict) -> dict:
         raise r.error(f"cannot be fingerprinted: {exc}", "output_items") from exc
     except RecursionError:
         raise r.error("cannot be fingerprinted: nested too deeply", "output_items") from None
-    return {"id": item.get("id"), "fingerprint": fp}
+    item_id = item.get("id")
+    if item_id is not None and not isinstance(item_id, str):
+        raise r.error(f"a model-authored item has an id that is not a string: {_kind(item_id)}", "output_items")
+    return {"id": item_id, "fingerprint": fp}
 
 
 def _records(rid: str, ro: _Rollout, tokens: dict) -> tuple[list, list]:

@@ -130,13 +130,13 @@ def digest_payload(call, token_body, mask_body, logprob_body) -> list:
     """The staging digest input after its tag, as buffers to feed in order. ``call``: the staged
     call's scalar fields (attributes as in chainrows.io.gym.records.StagedCall); the bodies are
     ids_body / f32_body bytes (or memoryviews of them). A null chain/cumulative hash (wire
-    schema 2) is fed as 0x00."""
+    schema 2) is fed as 0x00. A negative length is fed wrapped, as a negative token id is (the
+    exporter writes the calls it is given; the import's range check fails such a call first)."""
     n, m, k = len(token_body) // 8, len(mask_body) // 4, len(logprob_body) // 4
     head = b"".join((
         bytes((call.schema_version, call.digest_version, call.extras_digest_version)),
         text(call.rollout_id), text(call.model_call_id), opt_text(call.parent_call_id), text(call.mode),
-        _U64.pack(call.prev_len), _U64.pack(call.delta_len), _U64.pack(call.cum_len),
-        _U64.pack(call.weight_version),
+        *(_U64.pack(v % U64_LIMIT) for v in (call.prev_len, call.delta_len, call.cum_len, call.weight_version)),
         _U64.pack(8 + 8 * n), _U64.pack(n),
     ))
     mid = _U64.pack(8 + 4 * m) + _U64.pack(m)
