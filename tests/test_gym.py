@@ -850,6 +850,7 @@ FAST_FALLBACKS = {
     "non-integer id": lambda t: t.replace('"token_ids_delta": [', '"token_ids_delta": [1e0, ', 1),
     "json.loads rejects the rest": lambda t: t[:-1] + ', "ignored": 1' + "0" * 5000 + "}",  # int digit limit
     "unterminated": lambda t: t[:-1] + ', "x": "open}',
+    "a surrogate escape": lambda t: t.replace('"model_call_id": "', '"model_call_id": "x\\ud800', 1),  # a lone one
 }
 
 

@@ -120,7 +120,7 @@ def _open(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -158,7 +158,7 @@ def parse_object(raw: bytes, file: Path, number: int, table: str) -> dict:
         else:  # e.g. an integer literal past Python's digit limit
             msg = " ".join(str(exc).split())
         raise InputError(f"line {number}: invalid JSON: {msg}", table=table, file=file, line=number) from exc
-    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(rec):
+    if SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(rec):
         raise InputError(f"line {number}: invalid JSON: a string holds a lone UTF-16 surrogate escape "
                          f"(not Unicode text)", table=table, file=file, line=number)
     if not isinstance(rec, dict):

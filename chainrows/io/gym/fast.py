@@ -22,7 +22,9 @@ instead, where it gives its value or raises its one-line error. Equivalence:
 - A valid array and ``0`` are both complete JSON values after the same ``"key":`` prefix, so the
   reduced line is valid JSON exactly when the line is, and json.loads gives the same object but
   for those three values (duplicate keys elsewhere, extras, strings, encodings, the int digit
-  limit: all json.loads' own). A reduced line json.loads rejects is parsed whole, exactly.
+  limit: all json.loads' own). A reduced line json.loads rejects is parsed whole, exactly, and
+  so is a line with a ``\\uD800``-``\\uDFFF`` escape anywhere (the exact parser refuses a lone
+  surrogate in any string, which json.loads decodes without complaint).
 - Ids: integer literals of at most 19 digits (every u64 below 10**19); a negative one is kept
   wrapped mod 2**64 and clears the line's ``ids_in_u64``, as records._int_array does. A
   fraction or exponent, or 20+ digits, make the line doubtful.
@@ -47,6 +49,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from chainrows.engine._jit import jit
+from chainrows.io.jsonl import SURROGATE_ESCAPE
 
 BLOCK_BYTES = 8 << 20  # lines handed to the kernel at a time
 FIELDS = (b"token_ids_delta", b"token_mask_delta", b"generation_log_probs_delta")
@@ -379,6 +382,10 @@ def read_block(lines: list) -> list:
             rec = None
         if not isinstance(rec, dict) or any(type(rec.get(f)) is not int or rec[f] != 0 for f in _KEYS):
             FALLBACKS["json.loads rejects the rest" if rec is None else "unexpected object"] += 1
+            out.append(None)
+            continue
+        if SURROGATE_ESCAPE.search(raw):  # the exact parser refuses a lone surrogate in a string
+            FALLBACKS["a surrogate escape"] += 1
             out.append(None)
             continue
         r = ranges[ln]
