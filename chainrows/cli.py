@@ -541,7 +541,8 @@ def _main(argv, own_process: bool = False) -> int:
             rc = _write_failed(write_error(exc, exc.filename or out or "the output"), args)
         else:
             where = f": {exc.filename}" if exc.filename else ""
-            print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}", file=sys.stderr)
+            hint = f" ({_IN_THE_WAY[exc.errno]})" if exc.errno in _IN_THE_WAY else ""
+            print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}{hint}", file=sys.stderr)
             rc = 2
     except KeyboardInterrupt as exc:
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
@@ -571,6 +572,11 @@ def _main(argv, own_process: bool = False) -> int:
 # errnos of a write that failed for want of room (disk or quota full, file-size limit) or of
 # the device (an I/O error), not because of the input or the place asked for: exit 1, not 2
 _NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # only a write gets these
+_IN_THE_WAY = {  # what the bare strerror of a path in the way leaves the user to guess
+    errno.EEXIST: "something that is not a directory is in the way: a file, or a symbolic link to nothing",
+    errno.EISDIR: "a directory is where chainrows needs a file",
+    errno.ENOTDIR: "a file is where chainrows needs a directory",
+}
 _OUT_OF_ROOM = _NO_ROOM | {errno.EIO}
 
 

@@ -539,6 +539,19 @@ def test_output_is_a_file(cli, good, tmp_path):
     assert (tmp_path / "f").read_text() == "x"
 
 
+@pytest.mark.parametrize("make, bad, hint", [
+    (lambda out: out.symlink_to(out.parent / "nowhere"), lambda out: out, "a symbolic link to nothing"),
+    (lambda out: (out / ".chainrows-lock").mkdir(parents=True), lambda out: out / ".chainrows-lock",
+     "a directory is where chainrows needs a file"),
+], ids=["dangling-symlink", "lock-is-a-directory"])
+def test_a_path_in_the_way_is_named_with_what_is_wrong(cli, good, tmp_path, make, bad, hint):
+    """Found by fuzzing: "File exists: OUT" for an OUT that does not exist (a dangling symlink)."""
+    out = tmp_path / "out"
+    make(out)
+    line = assert_clean_error(cli.run("reassemble", good, out), str(bad(out)))
+    assert hint in line
+
+
 def test_output_on_a_read_only_filesystem(cli, good):
     """/proc refuses new entries even for root (chmod would not stop root)."""
     res = cli.run("reassemble", good, "/proc/chainrows-test-out")
