@@ -523,6 +523,43 @@ def test_compile_notice_only_while_numba_compiles(capsys):
     assert capsys.readouterr().err == ""
 
 
+def _encrypted(path: Path, table: pa.Table, columns: list[str], plaintext_footer: bool) -> None:
+    """``table`` written to ``path`` with Parquet modular encryption of ``columns`` (a toy KMS)."""
+    import base64
+
+    import pyarrow.parquet.encryption as pe
+
+    class Kms(pe.KmsClient):
+        def __init__(self, config):
+            super().__init__()
+
+        def wrap_key(self, key, master_key_id):
+            return base64.b64encode(key)
+
+        def unwrap_key(self, wrapped, master_key_id):
+            return base64.b64decode(wrapped)
+
+    config = pe.EncryptionConfiguration(footer_key="k1", column_keys={"k2": columns} if columns else {},
+                                        plaintext_footer=plaintext_footer, uniform_encryption=not columns)
+    props = pe.CryptoFactory(Kms).file_encryption_properties(pe.KmsConnectionConfig(), config)
+    with pq.ParquetWriter(path, table.schema, encryption_properties=props) as writer:
+        writer.write_table(table)
+
+
+@pytest.mark.parametrize("columns, plaintext_footer", [(["call_id"], True), (["chain_hash"], True), ([], True),
+                                                       (["call_id"], False)])
+@pytest.mark.parametrize("route", [[], ["--buckets", "2"], ["--steps", "2"]], ids=["memory", "spill", "stream"])
+def test_an_encrypted_file_is_one_line_not_an_abort(cli, good, tmp_path, columns, plaintext_footer, route):
+    """Found by fuzzing: encrypted columns under a plaintext footer made pyarrow abort the
+    process (SIGABRT) when chainrows read the columns' sizes from the footer."""
+    ledger = good / "ledger.parquet"
+    table = pq.read_table(ledger)
+    ledger.unlink()
+    _encrypted(ledger, table, columns, plaintext_footer)
+    line = assert_clean_error(cli.run("reassemble", good, tmp_path / "out", *route), str(ledger))
+    assert "encrypt" in line and "internal error" not in line
+
+
 # ----------------------------------------------------------------------------- outputs
 
 def test_output_under_a_file(cli, good, tmp_path):

@@ -193,12 +193,30 @@ def file_facts(name: str, file: Path) -> FileFacts:
 
 def _read(name: str, file: Path) -> FileFacts:
     with reading(name, file):
-        return facts_of(pq.ParquetFile(file))
+        pf = pq.ParquetFile(file)
+        with open(file, "rb") as fh:
+            fh.seek(-len(MAGIC) - 4, os.SEEK_END)
+            return facts_of(pf, fh.read())
 
 
-def facts_of(pf: pq.ParquetFile) -> FileFacts:
-    """The facts of an open Parquet file, from its footer."""
-    md, schema = pf.metadata, pf.schema_arrow
+MAGIC = b"PAR1"
+SIGNATURE_BYTES = 28  # after a plaintext footer of an encrypted file: 12-byte nonce, 16-byte tag
+
+
+def facts_of(pf: pq.ParquetFile, tail: bytes) -> FileFacts:
+    """The facts of an open Parquet file, from its footer; ``tail``: the file's last 8 bytes
+    (footer length, magic).
+
+    A file with encrypted columns and a plaintext footer (Parquet modular encryption) is refused
+    (ValueError) before any column's metadata is touched: pyarrow aborts the process there,
+    throwing from code that cannot pass the error on. Its footer is the metadata and then a
+    signature, which no other file has (the metadata fills the whole footer); a file whose
+    footer itself is encrypted never opens."""
+    md = pf.metadata
+    if tail[4:] == MAGIC and int.from_bytes(tail[:4], "little") == md.serialized_size + SIGNATURE_BYTES:
+        raise ValueError("encrypted columns (Parquet modular encryption), which chainrows does not "
+                         "read: decrypt the file first")
+    schema = pf.schema_arrow
     leaves = [Leaf.of(md.schema.column(j)) for j in range(md.num_columns)]
     stored = [0] * md.num_columns
     decoded = [0] * md.num_columns

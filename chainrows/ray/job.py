@@ -135,7 +135,7 @@ def _input_totals(src: Location, tables) -> Totals:
     for tf in tables.values():
         for path, present in zip(tf.paths, tf.present):
             with src.fs.open_input_file(path) as fh:
-                facts = facts_of(pq.ParquetFile(fh))
+                facts = facts_of(pq.ParquetFile(fh), fh.read_at(8, fh.size() - 8))
             read = [c for c in present if c in tf.columns]
             rows += facts.num_rows
             stored += facts.stored_of(read)
