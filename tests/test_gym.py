@@ -496,7 +496,7 @@ MALFORMED = [
     ("receipts", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), reward="high"))], "field 'reward'"),
     # JSON that parses but that Python cannot carry on with (each was an internal error, exit 1)
     ("receipts", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), rollout_id="\ud800"))] + lines[1:],
-     "invalid JSON: a string holds a lone UTF-16 surrogate escape"),
+     "invalid JSON: a string holds a lone UTF-16 surrogate (not Unicode text)"),
     ("receipts", 1, lambda lines: [json.dumps(dict(json.loads(lines[0]), reward="R")).replace('"R"', "1" + "0" * 400)]
      + lines[1:], "field 'reward' is beyond the float64 range"),
     ("results", 1, lambda lines: [_deep_output(lines[0])] + lines[1:], "output cannot be fingerprinted: nested too deeply"),
@@ -850,7 +850,7 @@ FAST_FALLBACKS = {
     "non-integer id": lambda t: t.replace('"token_ids_delta": [', '"token_ids_delta": [1e0, ', 1),
     "json.loads rejects the rest": lambda t: t[:-1] + ', "ignored": 1' + "0" * 5000 + "}",  # int digit limit
     "unterminated": lambda t: t[:-1] + ', "x": "open}',
-    "a surrogate escape": lambda t: t.replace('"model_call_id": "', '"model_call_id": "x\\ud800', 1),  # a lone one
+    "a lone surrogate": lambda t: t.replace('"model_call_id": "', '"model_call_id": "x\\ud800', 1),  # escaped
 }
 
 
@@ -870,6 +870,22 @@ def test_each_fast_fallback_leaves_the_line_to_the_exact_parser(tmp_path, monkey
     assert set(fallbacks) == {reason}  # in the partition pass, and again in its bucket unless that pass failed
     if isinstance(outcome, str):
         assert "staged: line 2:" in outcome and str(path) in outcome
+
+
+@pytest.mark.parametrize("written, fallbacks", [
+    (b"x\xed\xa0\x80", {"a lone surrogate": 1}),  # its three UTF-8 bytes: json.loads decodes them too
+    (b"x\\ud83d\\ude00", {}),  # a pair is text: read by the kernel
+], ids=["lone-as-bytes", "pair-escaped"])
+def test_surrogates_in_a_staged_id(tmp_path, monkeypatch, written, fallbacks):
+    dump = _export(tmp_path, _doc_raw(tmp_path))
+    path = dump / "staged.jsonl"
+    path.write_bytes(path.read_bytes().replace(b'"model_call_id": "', b'"model_call_id": "' + written, 1))
+    outcome, seen = _import_both(dump, tmp_path / "out", monkeypatch)
+    assert seen == fallbacks
+    if fallbacks:
+        assert "staged: line 1: invalid JSON: a string holds a lone UTF-16 surrogate" in outcome
+    else:
+        assert isinstance(outcome, I.GymSummary)
 
 
 def test_fast_reader_keeps_the_lines_before_a_truncated_gzip(tmp_path, monkeypatch):

@@ -350,9 +350,9 @@ def test_tables_are_arrow_with_expected_types(tmp_path):
 # JSON that parses but that Python cannot carry on with: each was an internal error (exit 1)
 @pytest.mark.parametrize("reader,line,what", [
     (read_ledger_jsonl, json.dumps(CALL).replace('"c1"', '"\\ud800"'),
-     "line 1: invalid JSON: a string holds a lone UTF-16 surrogate escape"),
+     "line 1: invalid JSON: a string holds a lone UTF-16 surrogate (not Unicode text)"),
     (read_results_jsonl, json.dumps(RESULT).replace('"g"', '"\\udfff"'),
-     "line 1: invalid JSON: a string holds a lone UTF-16 surrogate escape"),
+     "line 1: invalid JSON: a string holds a lone UTF-16 surrogate (not Unicode text)"),
     (read_results_jsonl, json.dumps(RESULT).replace("1.0", "1" + "0" * 400),
      "line 1: field 'reward' is beyond the float64 range"),
     (read_ledger_jsonl, json.dumps(CALL).replace('"hi"', "[" * 900 + "]" * 900),
@@ -372,6 +372,14 @@ def test_an_integer_logprob_float32_cannot_hold_is_rounded_as_a_float_is(tmp_pat
     toks = _lines(tmp_path / "t.jsonl", '{"rollout_id": "r1", "call_id": "c1", "tokens": [1, 2, 3], '
                                         '"logprobs": [0, -16777217, 1099511627776]}')
     assert read_tokens_jsonl(toks).column("logprobs").to_pylist() == [[0.0, -16777216.0, 2.0 ** 40]]
+
+
+def test_a_lone_surrogate_written_as_its_bytes_is_one_line(tmp_path):
+    """json.loads decodes bytes with "surrogatepass": ED A0 80 gives the lone surrogate an
+    escape would, which Arrow then refused as an internal error."""
+    path = tmp_path / "l.jsonl"
+    path.write_bytes(json.dumps(CALL).replace('"c1"', '"c1@"').encode().replace(b"@", b"\xed\xa0\x80") + b"\n")
+    assert "line 1: invalid JSON: a string holds a lone UTF-16 surrogate" in _err(read_ledger_jsonl, path)
 
 
 def test_a_surrogate_pair_escape_is_text_and_a_huge_logprob_is_inf(tmp_path):

@@ -120,10 +120,12 @@ def _open(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# a surrogate written as an escape, or as its three UTF-8 bytes (json.loads decodes bytes with
+# "surrogatepass"): what can put a lone one into a parsed string
+SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
-def _has_lone_surrogate(value: Any) -> bool:
+def has_lone_surrogate(value: Any) -> bool:
     """Some string in the parsed JSON value holds a lone UTF-16 surrogate (JSON's \\ud800
     escapes decode to such strings, which are not Unicode text). Iterative: no recursion limit."""
     stack = [value]
@@ -158,8 +160,8 @@ def parse_object(raw: bytes, file: Path, number: int, table: str) -> dict:
         else:  # e.g. an integer literal past Python's digit limit
             msg = " ".join(str(exc).split())
         raise InputError(f"line {number}: invalid JSON: {msg}", table=table, file=file, line=number) from exc
-    if SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(rec):
-        raise InputError(f"line {number}: invalid JSON: a string holds a lone UTF-16 surrogate escape "
+    if SURROGATE.search(raw) and has_lone_surrogate(rec):
+        raise InputError(f"line {number}: invalid JSON: a string holds a lone UTF-16 surrogate "
                          f"(not Unicode text)", table=table, file=file, line=number)
     if not isinstance(rec, dict):
         raise InputError(f"line {number}: expected a JSON object, got {_kind(rec)}", table=table,

@@ -23,8 +23,8 @@ instead, where it gives its value or raises its one-line error. Equivalence:
   reduced line is valid JSON exactly when the line is, and json.loads gives the same object but
   for those three values (duplicate keys elsewhere, extras, strings, encodings, the int digit
   limit: all json.loads' own). A reduced line json.loads rejects is parsed whole, exactly, and
-  so is a line with a ``\\uD800``-``\\uDFFF`` escape anywhere (the exact parser refuses a lone
-  surrogate in any string, which json.loads decodes without complaint).
+  so is a line with a lone surrogate in a string (escaped, or as the three bytes of one), which
+  json.loads decodes without complaint and the exact parser refuses.
 - Ids: integer literals of at most 19 digits (every u64 below 10**19); a negative one is kept
   wrapped mod 2**64 and clears the line's ``ids_in_u64``, as records._int_array does. A
   fraction or exponent, or 20+ digits, make the line doubtful.
@@ -49,7 +49,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from chainrows.engine._jit import jit
-from chainrows.io.jsonl import SURROGATE_ESCAPE
+from chainrows.io.jsonl import SURROGATE, has_lone_surrogate
 
 BLOCK_BYTES = 8 << 20  # lines handed to the kernel at a time
 FIELDS = (b"token_ids_delta", b"token_mask_delta", b"generation_log_probs_delta")
@@ -384,8 +384,8 @@ def read_block(lines: list) -> list:
             FALLBACKS["json.loads rejects the rest" if rec is None else "unexpected object"] += 1
             out.append(None)
             continue
-        if SURROGATE_ESCAPE.search(raw):  # the exact parser refuses a lone surrogate in a string
-            FALLBACKS["a surrogate escape"] += 1
+        if SURROGATE.search(raw) and has_lone_surrogate(rec):  # the exact parser refuses it in one line
+            FALLBACKS["a lone surrogate"] += 1
             out.append(None)
             continue
         r = ranges[ln]
