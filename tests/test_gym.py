@@ -320,6 +320,8 @@ def _nested(depth: int) -> dict:
     ("results", lambda r: r["output"][1].update(deep=_nested(500)),
      "field 'output' cannot be fingerprinted: nested too deeply"),
     ("ledger", lambda c: c["output_items"][0].update(id=5), "has an id that is not a string: the number 5"),
+    ("ledger", lambda c: c["output_items"][1].update(extra=float("nan")),  # a message: Gym hashes its content only
+     "field 'output_items' cannot be fingerprinted"),
 ])
 def test_export_refuses_the_items_import_jsonl_refuses(tmp_path, name, edit, what):
     """An export that succeeded here gave a dump the import refused, naming the dump instead of
@@ -331,6 +333,25 @@ def test_export_refuses_the_items_import_jsonl_refuses(tmp_path, name, edit, wha
             convert()
         assert f"{name}: line 1:" in str(err.value) and str(raw[name]) in str(err.value)
     assert not any((tmp_path / "dump").glob("*.jsonl"))
+
+
+def test_export_refuses_an_item_id_import_gym_would_refuse(tmp_path):
+    """Gym reads a user-role function_call as model-authored, chainrows' SPEC does not: import-jsonl
+    takes its numeric id, the dump's import would not (review of the fuzzing fixes)."""
+    item = {"role": "user", "type": "function_call", "id": 5}
+    raw = _edited_raw(tmp_path, "results", lambda r: r["output"].append(item))
+    import_jsonl_to_dataset(raw["ledger"], raw["tokens"], raw["results"], tmp_path / "ds")
+    with pytest.raises(InputError, match="as NeMo Gym reads them. has an id that is not a string") as err:
+        _export(tmp_path, raw)
+    assert "results: line 1: field 'output'" in str(err.value)
+
+
+def test_export_refuses_lengths_whose_sum_leaves_int64(tmp_path):
+    """cum_len = prev_len + delta_len must be an int64 for the dump's import to read it at all."""
+    raw = _edited_raw(tmp_path, "ledger", lambda call: call.update(prev_len=2**63 - 1, delta_len=5))
+    with pytest.raises(InputError, match="field 'delta_len' and prev_len add up beyond the int64 range") as err:
+        _export(tmp_path, raw)
+    assert "ledger: line 1:" in str(err.value)
 
 
 def test_more_structural_failures(tmp_path):

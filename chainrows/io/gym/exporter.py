@@ -51,15 +51,14 @@ def export_gym(ledger_path, tokens_path, results_path, dump_dir: str | os.PathLi
         if r.boolean("failed", False):
             ro.failed.append(cid)
             continue
-        items = r.get("output_items")
-        if items is not None and (not isinstance(items, list) or not all(isinstance(i, dict) for i in items)):
-            raise r.error("must be an array of item objects or null", "output_items")
-        ro.calls.append(dict(
-            call_id=cid, parent_id=r.string("parent_id", nullable=True, default=None),
-            response_id=r.string("response_id"), prev_len=r.integer("prev_len"),
-            delta_len=r.integer("delta_len"), gen_len=r.integer("gen_len"),
-            output_items=[_item_ref(r, i) for i in (items or []) if is_model_authored(i)],
-        ))
+        call = dict(call_id=cid, parent_id=r.string("parent_id", nullable=True, default=None),
+                    response_id=r.string("response_id"), prev_len=r.integer("prev_len"),
+                    delta_len=r.integer("delta_len"), gen_len=r.integer("gen_len"))
+        if not -(1 << 63) <= call["prev_len"] + call["delta_len"] < 1 << 63:
+            raise r.error("and prev_len add up beyond the int64 range (a NeMo Gym dump stores the sum as "
+                          "cum_len)", "delta_len")
+        call["output_items"] = _gym_items(r, "output_items")
+        ro.calls.append(call)
     tokens: dict[tuple[str, str], tuple[list, list | None]] = {}
     for r in iter_records(tokens_path, "tokens"):
         key = (r.string("rollout_id"), r.string("call_id"))
@@ -69,29 +68,41 @@ def export_gym(ledger_path, tokens_path, results_path, dump_dir: str | os.PathLi
     results = []
     for r in iter_records(results_path, "results"):
         rid = r.string("rollout_id")
-        _item_keys(r, "output")  # what import-jsonl refuses in an output is refused here too
-        output = r.get("output")
-        results.append(dict(rollout_id=rid, group_id=r.string("group_id", nullable=True, default=None),
-                            reward=r.number("reward"), output=output or [],
-                            terminal_response_id=r.string("terminal_response_id", nullable=True, default=None),
-                            accepted=_string_list(r, "accepted_response_ids")
-                            if "accepted_response_ids" in r.rec else None))
+        result = dict(rollout_id=rid, group_id=r.string("group_id", nullable=True, default=None),
+                      reward=r.number("reward"),
+                      terminal_response_id=r.string("terminal_response_id", nullable=True, default=None),
+                      accepted=_string_list(r, "accepted_response_ids") if "accepted_response_ids" in r.rec else None)
+        _gym_items(r, "output")  # checked; the raw items are what the dump carries
+        result["output"] = r.get("output") or []
+        results.append(result)
         ro = rollouts.setdefault(rid, _Rollout())
         ro.result = ro.result or results[-1]
     return _write(Path(dump_dir), rollouts, tokens, results)
 
 
-def _item_ref(r, item: dict) -> dict:
-    try:
-        fp = fingerprint(item)
-    except (ValueError, TypeError) as exc:
-        raise r.error(f"cannot be fingerprinted: {exc}", "output_items") from exc
-    except RecursionError:
-        raise r.error("cannot be fingerprinted: nested too deeply", "output_items") from None
-    item_id = item.get("id")
-    if item_id is not None and not isinstance(item_id, str):
-        raise r.error(f"a model-authored item has an id that is not a string: {_kind(item_id)}", "output_items")
-    return {"id": item_id, "fingerprint": fp}
+def _gym_items(r, field: str) -> list[dict]:
+    """``{id, fingerprint}`` of each model-authored item of ``field`` as Gym reads them, refused
+    (naming the line and field) where ``import-jsonl`` refuses the items (``_item_keys``:
+    objects, fingerprints, string ids of the items it calls model-authored) or where
+    ``import-gym`` would refuse the dump (Gym's fingerprint, and a string id of every item
+    Gym calls model-authored, a user-role ``function_call`` included)."""
+    _item_keys(r, field)
+    refs = []
+    for item in r.get(field) or []:
+        if not is_model_authored(item):
+            continue
+        try:
+            fp = fingerprint(item)
+        except (ValueError, TypeError) as exc:
+            raise r.error(f"cannot be fingerprinted: {exc}", field) from exc
+        except RecursionError:
+            raise r.error("cannot be fingerprinted: nested too deeply", field) from None
+        item_id = item.get("id")
+        if item_id is not None and not isinstance(item_id, str):
+            raise r.error(f"model-authored item {len(refs)} (as NeMo Gym reads them) has an id that is not a "
+                          f"string: {_kind(item_id)}", field)
+        refs.append({"id": item_id, "fingerprint": fp})
+    return refs
 
 
 def _records(rid: str, ro: _Rollout, tokens: dict) -> tuple[list, list]:
