@@ -573,7 +573,8 @@ def _main(argv, own_process: bool = False) -> int:
 # the device (an I/O error), not because of the input or the place asked for: exit 1, not 2
 _NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # only a write gets these
 _IN_THE_WAY = {  # what the bare strerror of a path in the way leaves the user to guess
-    errno.EEXIST: "something that is not a directory is in the way: a file, or a symbolic link to nothing",
+    errno.EEXIST: "something already at this path is in the way: a file, a symbolic link to nothing, "
+                  "or a directory that could not be removed",
     errno.EISDIR: "a directory is where chainrows needs a file",
     errno.ENOTDIR: "a file is where chainrows needs a directory",
 }

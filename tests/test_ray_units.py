@@ -118,3 +118,25 @@ def test_ray_file_reader_lets_out_of_memory_pass_and_names_a_damaged_file(tmp_pa
         with pytest.raises(InputError, match="unreadable Parquet file: bad page") as err:
             list(read_file(pafs.LocalFileSystem(), tf, 0, schema, 4))
         assert tf.shown[0] in str(err.value)
+
+
+def test_ray_footer_totals_refuse_an_encrypted_file_naming_it(tmp_path):
+    """A dataset given as a URI is checked by the Ray path's own footer reads: an encrypted
+    column there is the same one-line InputError as on the single-process paths, before Ray
+    starts (review: it was an internal error there)."""
+    import pyarrow.parquet as pq
+
+    from chainrows.ray.job import _input_totals
+    from chainrows.ray.source import check_tables, locate
+    from chainrows.synth import write_synth_dataset
+    from test_cli import _encrypted
+
+    write_synth_dataset(tmp_path / "data", 4, seed=1)
+    ledger = tmp_path / "data" / "ledger.parquet"
+    table = pq.read_table(ledger)
+    ledger.unlink()
+    _encrypted(ledger, table, ["call_id"], plaintext_footer=True)
+    loc = locate(f"file://{tmp_path / 'data'}")
+    with pytest.raises(InputError, match="encrypted columns") as err:
+        _input_totals(loc, check_tables(loc))
+    assert "ledger.parquet" in str(err.value)

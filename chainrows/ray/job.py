@@ -129,12 +129,12 @@ def _input_totals(src: Location, tables) -> Totals:
     not count."""
     import pyarrow.parquet as pq
 
-    from chainrows.io.footers import facts_of
+    from chainrows.io.footers import facts_of, reading
 
     rows = stored = decoded = 0
     for tf in tables.values():
-        for path, present in zip(tf.paths, tf.present):
-            with src.fs.open_input_file(path) as fh:
+        for path, label, present in zip(tf.paths, tf.shown, tf.present):
+            with reading(tf.name, label), src.fs.open_input_file(path) as fh:
                 facts = facts_of(pq.ParquetFile(fh), fh.read_at(8, fh.size() - 8))
             read = [c for c in present if c in tf.columns]
             rows += facts.num_rows
