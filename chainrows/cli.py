@@ -541,7 +541,7 @@ def _main(argv, own_process: bool = False) -> int:
             rc = _write_failed(write_error(exc, exc.filename or out or "the output"), args)
         else:
             where = f": {exc.filename}" if exc.filename else ""
-            hint = f" ({_IN_THE_WAY[exc.errno]})" if exc.errno in _IN_THE_WAY else ""
+            hint = f" ({_IN_THE_WAY[exc.errno]}{_file_in_the_way(exc)})" if exc.errno in _IN_THE_WAY else ""
             print(f"chainrows: error: {exc.strerror or ' '.join(str(exc).split())}{where}{hint}", file=sys.stderr)
             rc = 2
     except KeyboardInterrupt as exc:
@@ -572,6 +572,20 @@ def _main(argv, own_process: bool = False) -> int:
 # errnos of a write that failed for want of room (disk or quota full, file-size limit) or of
 # the device (an I/O error), not because of the input or the place asked for: exit 1, not 2
 _NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # only a write gets these
+def _file_in_the_way(exc: OSError) -> str:
+    """For ENOTDIR: ``": FILE"``, the first component of ``exc.filename`` that is not a directory
+    (the path named is under it); else ""."""
+    if exc.errno != errno.ENOTDIR or not exc.filename:
+        return ""
+    path = os.path.abspath(os.fsdecode(exc.filename))
+    parts = path.split(os.sep)
+    for i in range(2, len(parts)):
+        prefix = os.sep.join(parts[:i])
+        if os.path.lexists(prefix) and not os.path.isdir(prefix):
+            return f": {prefix}"
+    return ""
+
+
 _IN_THE_WAY = {  # what the bare strerror of a path in the way leaves the user to guess
     errno.EEXIST: "something already at this path is in the way: a file, a symbolic link to nothing, "
                   "or a directory that could not be removed",

@@ -567,6 +567,7 @@ def test_output_under_a_file(cli, good, tmp_path):
     res = cli.run("reassemble", good, tmp_path / "f" / "out")
     line = assert_clean_error(res, str(tmp_path / "f"))
     assert "internal error" not in line
+    assert line.endswith(f"(a file is where chainrows needs a directory: {tmp_path / 'f'})")  # the file itself
 
 
 def test_output_is_a_file(cli, good, tmp_path):
