@@ -50,7 +50,7 @@ def test_the_decoded_estimate_is_near_what_pyarrow_decodes(tmp_path):
     table = _columns(3000, np.random.default_rng(0))
     path = tmp_path / "t.parquet"
     pq.write_table(table, path, row_group_size=700)
-    facts = footers.facts_of(pq.ParquetFile(path), path.read_bytes()[-8:])
+    facts = footers.facts_of(pa.OSFile(str(path)))
     decoded = pq.read_table(path)
     assert facts.column_decoded is not None and list(facts.column_decoded) == table.column_names
     for name in table.column_names:
@@ -69,7 +69,7 @@ def test_strings_without_statistics_count_at_least_their_stored_bytes(tmp_path):
     table = _columns(500, np.random.default_rng(1)).select(["rollout_id", "call_id"])
     path = tmp_path / "t.parquet"
     pq.write_table(table, path, write_statistics=False)
-    facts = footers.facts_of(pq.ParquetFile(path), path.read_bytes()[-8:])
+    facts = footers.facts_of(pa.OSFile(str(path)))
     for name in table.column_names:
         assert facts.column_decoded[name] >= facts.column_stored[name] > 0, name  # strings: at least stored
     # unique strings are stored plainly: the fallback is then about right

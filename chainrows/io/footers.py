@@ -192,27 +192,27 @@ def file_facts(name: str, file: Path) -> FileFacts:
 
 
 def _read(name: str, file: Path) -> FileFacts:
-    with reading(name, file):
-        pf = pq.ParquetFile(file)
-        with open(file, "rb") as fh:
-            fh.seek(-len(MAGIC) - 4, os.SEEK_END)
-            return facts_of(pf, fh.read())
+    with reading(name, file), pa.OSFile(str(file)) as fh:
+        return facts_of(fh)
 
 
 MAGIC = b"PAR1"
 SIGNATURE_BYTES = 28  # after a plaintext footer of an encrypted file: 12-byte nonce, 16-byte tag
 
 
-def facts_of(pf: pq.ParquetFile, tail: bytes) -> FileFacts:
-    """The facts of an open Parquet file, from its footer; ``tail``: the file's last 8 bytes
-    (footer length, magic).
+def facts_of(fh: pa.NativeFile) -> FileFacts:
+    """The facts of an open Parquet file (any pyarrow file: local, or of another filesystem),
+    from its footer.
 
     A file with encrypted columns and a plaintext footer (Parquet modular encryption) is refused
     (ValueError) before any column's metadata is touched: pyarrow aborts the process there,
     throwing from code that cannot pass the error on. Its footer is the metadata and then a
-    signature, which no other file has (the metadata fills the whole footer); a file whose
-    footer itself is encrypted never opens."""
+    signature, which no other file has (the metadata fills the whole footer; the file's last 8
+    bytes give the footer's length, then the magic); a file whose footer itself is encrypted
+    never opens."""
+    pf = pq.ParquetFile(fh)
     md = pf.metadata
+    tail = fh.read_at(len(MAGIC) + 4, fh.size() - len(MAGIC) - 4)
     if tail[4:] == MAGIC and int.from_bytes(tail[:4], "little") == md.serialized_size + SIGNATURE_BYTES:
         raise ValueError("encrypted columns (Parquet modular encryption), which chainrows does not "
                          "read: decrypt the file first")

@@ -127,15 +127,13 @@ def _input_totals(src: Location, tables) -> Totals:
     them (``io.dataset.footer_totals``): uncompressed as stored (the summary's figure) and
     estimated once decoded (what sizes the decide tasks). Other columns a capture carries do
     not count."""
-    import pyarrow.parquet as pq
-
     from chainrows.io.footers import facts_of, reading
 
     rows = stored = decoded = 0
     for tf in tables.values():
         for path, label, present in zip(tf.paths, tf.shown, tf.present):
             with reading(tf.name, label), src.fs.open_input_file(path) as fh:
-                facts = facts_of(pq.ParquetFile(fh), fh.read_at(8, fh.size() - 8))
+                facts = facts_of(fh)
             read = [c for c in present if c in tf.columns]
             rows += facts.num_rows
             stored += facts.stored_of(read)
