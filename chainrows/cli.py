@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from chainrows import options
 from chainrows.stdout import StdoutError, detach_stdout, print_summary
@@ -572,18 +573,7 @@ def _main(argv, own_process: bool = False) -> int:
 # errnos of a write that failed for want of room (disk or quota full, file-size limit) or of
 # the device (an I/O error), not because of the input or the place asked for: exit 1, not 2
 _NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # only a write gets these
-def _file_in_the_way(exc: OSError) -> str:
-    """For ENOTDIR: ``": FILE"``, the first component of ``exc.filename`` that is not a directory
-    (the path named is under it); else ""."""
-    if exc.errno != errno.ENOTDIR or not exc.filename:
-        return ""
-    path = os.path.abspath(os.fsdecode(exc.filename))
-    parts = path.split(os.sep)
-    for i in range(2, len(parts)):
-        prefix = os.sep.join(parts[:i])
-        if os.path.lexists(prefix) and not os.path.isdir(prefix):
-            return f": {prefix}"
-    return ""
+_OUT_OF_ROOM = _NO_ROOM | {errno.EIO}
 
 
 _IN_THE_WAY = {  # what the bare strerror of a path in the way leaves the user to guess
@@ -592,7 +582,18 @@ _IN_THE_WAY = {  # what the bare strerror of a path in the way leaves the user t
     errno.EISDIR: "a directory is where chainrows needs a file",
     errno.ENOTDIR: "a file is where chainrows needs a directory",
 }
-_OUT_OF_ROOM = _NO_ROOM | {errno.EIO}
+
+
+def _file_in_the_way(exc: OSError) -> str:
+    """For ENOTDIR: ``": FILE"``, the first component of ``exc.filename`` that is not a directory
+    (the path named is under it); else ""."""
+    if exc.errno != errno.ENOTDIR or not exc.filename:
+        return ""
+    path = Path(os.path.abspath(os.fsdecode(exc.filename)))
+    for above in reversed(path.parents):  # from the root down
+        if os.path.lexists(above) and not above.is_dir():
+            return f": {above}"
+    return ""
 
 
 def _write_failed(exc, args) -> int:
