@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from chainrows import bulk
-from chainrows.bulk import windows
+from chainrows.bulk import plan as planner
+from chainrows.bulk import stream, windows
 from chainrows.io import dataset as dsmod
 from chainrows.io import footers, small_files
 from chainrows.io.arrays import coalesced
@@ -163,6 +164,60 @@ def test_scan_of_many_files_is_the_scan_of_one(many_files):
     for name in TABLES:
         for field in ("group", "nbytes"):
             assert (getattr(a.tables[name], field) == getattr(b.tables[name], field)).all(), (name, field)
+
+
+def _decoded(root, name) -> int:
+    plan = plan_table(root, name)
+    return sum(plan.read_decoded(i) for i in range(len(plan.files)))
+
+
+def test_the_scan_keeps_tables_of_small_files_that_fit(many_files):
+    one, many = many_files
+    ledger, rollouts = _decoded(many, "ledger"), _decoded(many, "rollouts")
+    room = planner.KEEP_SHARE * (ledger + rollouts)
+    assert planner.scan_keeps(many, room) == ("ledger", "rollouts")
+    assert planner.scan_keeps(many, room - planner.KEEP_SHARE) == ("ledger",)  # the two no longer fit
+    assert planner.scan_keeps(many, planner.KEEP_SHARE * rollouts) == ("rollouts",)  # the ledger alone is larger
+    assert planner.scan_keeps(one, 1 << 40) == ()  # one file per table: the stream reads it once anyway
+
+
+def test_a_stream_reads_tables_of_small_files_once(many_files, tmp_path, monkeypatch):
+    """A stream's scan keeps the ledger and rollouts tables (nine small files each) whole and
+    the stream takes them from memory: each is read once, the tokens table twice (its ids, then
+    its rows). The bytes are those of the in-memory path."""
+    one, many = many_files
+    bulk.run(one, tmp_path / "want", route=bulk.Route("memory", 1, "test"))
+    total = sum(t.decoded for t in planner.input_totals(many).values())
+    room = int(total * planner.MEMORY_FACTOR / planner.SHARE)  # a stream (memory needs MEMORY_FIXED more)
+    assert not planner.fits_in_memory(total, room)
+    monkeypatch.setattr(planner, "STREAM_MIN_ROOM", 0)  # the data is small; the rule is the point
+    choose = bulk.job.choose_route
+    chosen = []
+    monkeypatch.setattr(bulk.job, "choose_route", lambda d, t, r, lp: chosen.append(choose(d, t, room, lp)) or chosen[-1])
+    passes = collections.Counter()
+    grouped = dsmod._grouped
+
+    def counting(plan, batch_rows):
+        passes[plan.name] += 1
+        return grouped(plan, batch_rows)
+
+    monkeypatch.setattr(dsmod, "_grouped", counting)
+    summary = bulk.run(many, tmp_path / "got")
+    assert [(r.path, r.resident) for r in chosen] == [("stream", ("ledger", "rollouts"))]
+    assert "ledger and rollouts in many small files" in summary.why and chosen[0].batches > 1
+    assert passes == {"ledger": 1, "rollouts": 1, "tokens": 2}
+    assert output_bytes(tmp_path / "got") == output_bytes(tmp_path / "want")
+
+
+def test_kept_batches_are_handed_over_once_and_let_go_as_read():
+    batches = [pa.record_batch({"x": [i]}) for i in range(3)]
+    kept = windows.Kept({"ledger": batches})
+    assert kept.names == ("ledger",) and kept.hand_over("rollouts") is None
+    got = kept.hand_over("ledger")
+    assert kept.hand_over("ledger") is None
+    drained = stream._drain(got)
+    assert next(drained).column("x").to_pylist() == [0] and len(got) == 2  # the reader holds what it read
+    assert [b.column("x").to_pylist() for b in drained] == [[1], [2]] and got == []
 
 
 def _cut(table: pa.Table, folder, cuts, **options):

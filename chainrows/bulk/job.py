@@ -101,7 +101,8 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
                                        "than this budget holds, so it was not resumed")
     route = route or choose_route(dataset_dir, decoded, room, has_lp)
     if route.path == "stream" and route.plan is None:
-        route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp), route.batches, route.resident))
+        route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp, route.resident), route.batches,
+                                                 route.resident))
     summary = Summary(input_bytes=sum(t.stored for t in sizes.values()), decoded_bytes=decoded, path=route.path,
                       why=route.why, batches=route.batches, compile_seconds=footprint.compile_seconds,
                       budget=memory_budget)
@@ -155,21 +156,25 @@ def choose_route(dataset_dir, total: int, room: int, has_lp: bool) -> Route:
     peak fits; else streaming windows when a plan with at most
     MAX_STEPS steps fits (reading the id columns once to know) and the room is at least
     STREAM_MIN_ROOM: all tables streamed, else one table resident (the smallest that makes a
-    plan fit: e.g. the tokens table when its rows are shuffled); else spill buckets."""
+    plan fit: e.g. the tokens table when its rows are shuffled); else spill buckets. A stream
+    holds the tables its scan keeps (``planner.scan_keeps``: many small files) resident too."""
     if planner.fits_in_memory(total, room):
         return Route("memory", 1, "fits in memory")
     if room < planner.STREAM_MIN_ROOM:
         return Route("spill", planner.spill_buckets(total, room),
                      "a tight budget: partitioned, whatever the read order")
-    sc = scan(dataset_dir, has_lp)
-    plan = _stream_plan(sc, room, ())
+    keep = planner.scan_keeps(dataset_dir, room)
+    sc = scan(dataset_dir, has_lp, keep)
+    kept = f"; {' and '.join(keep)} in many small files: read once, held in memory" if keep else ""
+    plan = _stream_plan(sc, room, keep)
     if plan is not None:
-        return Route("stream", plan.steps, "groups complete in read order", plan)
+        return Route("stream", plan.steps, "groups complete in read order" + kept, plan, keep)
     by_size = sorted(sc.tables, key=lambda n: sc.tables[n].nbytes.sum())
-    for name in by_size:
-        if sc.tables[name].nbytes.sum() <= planner.SHARE * room and (plan := _stream_plan(sc, room, (name,))):
+    for name in (n for n in by_size if n not in keep):
+        if sc.tables[name].nbytes.sum() <= planner.SHARE * room and \
+                (plan := _stream_plan(sc, room, keep + (name,))):
             return Route("stream", plan.steps, f"rows of {name} out of read order: that table held "
-                         "in memory, the others streamed", plan, (name,))
+                         "in memory, the others streamed" + kept, plan, keep + (name,))
     return Route("spill", planner.spill_buckets(total, room),
                  "groups complete too late in read order to stream within the budget")
 
@@ -233,7 +238,7 @@ def route_if_it_fits(route: Route, dataset_dir, total: int, room: int, has_lp: b
     if route.path == "stream":
         if room < planner.STREAM_MIN_ROOM:
             return None
-        plan = plan_windows(scan(dataset_dir, has_lp), route.batches, route.resident)
+        plan = plan_windows(scan(dataset_dir, has_lp, route.resident), route.batches, route.resident)
         return replace(route, plan=plan) if planner.stream_peak(plan) <= planner.SHARE * room else None
     return route if route.batches >= planner.spill_buckets(total, room) else None
 

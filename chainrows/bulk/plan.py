@@ -16,8 +16,10 @@ import numpy as np
 import pyarrow as pa
 
 from chainrows.io.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
-from chainrows.io.dataset import TABLES, Totals, footer_totals
+from chainrows.bulk.windows import KEPT_TABLES, SCAN_BATCH_ROWS
+from chainrows.io.dataset import TABLES, Totals, footer_totals, plan_table
 from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
+from chainrows.io.small_files import many_small_files
 from chainrows.options import Options
 
 DEFAULT_BUDGET = 4 << 30
@@ -30,6 +32,7 @@ MAX_STEPS = 64
 STEP_BYTES = 96 << 20  # estimated input a streaming step aims at (docs/limits.md "Memory budget")
 RUN_DISK_FACTOR = 4  # buckets (~ the decoded input) and runs (~ the output) uncompressed, with margin
 STREAM_MIN_ROOM = 1 << 30  # below this room, spill: its factors are measured down to 384 MiB budgets
+KEEP_SHARE = 8  # the tables a stream's scan keeps hold at most 1 / KEEP_SHARE of the room
 
 
 def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
@@ -101,3 +104,19 @@ def spill_buckets(total_bytes: int, room: int) -> int:
     """Spill buckets so one bucket's estimated peak stays within BUCKET_SHARE of the room."""
     per_bucket = BUCKET_SHARE * room / SPILL_PEAK_FACTOR
     return max(2, math.ceil(total_bytes / per_bucket))
+
+
+def scan_keeps(dataset_dir, room: int) -> tuple[str, ...]:
+    """The tables a stream's id scan reads whole, for the stream to take from memory instead of
+    reading them again (``KEPT_TABLES``, held resident): each that comes in many small files
+    (``small_files.many_small_files``: a second read would pay each file's fixed cost again),
+    while their decoded bytes (footers) together stay within ``room / KEEP_SHARE``. A table in
+    a few large files is read once anyway: by the stream, beside the engine."""
+    keep, held = [], 0
+    for name in KEPT_TABLES:
+        plan = plan_table(dataset_dir, name)
+        decoded = sum(plan.read_decoded(i) for i in range(len(plan.files)))
+        if many_small_files(plan, SCAN_BATCH_ROWS) and held + decoded <= room / KEEP_SHARE:
+            keep.append(name)
+            held += decoded
+    return tuple(keep)

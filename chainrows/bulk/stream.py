@@ -24,6 +24,13 @@ def concat(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(parts)
 
 
+def _drain(batches: list) -> Iterator[pa.RecordBatch]:
+    """The batches, first to last, each dropped from the list as it is yielded."""
+    batches.reverse()
+    while batches:
+        yield batches.pop()
+
+
 class RowReader:
     """A table's record batches, handed out as tables of exactly the rows asked for."""
 
@@ -62,9 +69,13 @@ class Windows:
         self.plan = plan
         self.schemas = schemas
         rows_per_step = {n: max(1, int(plan.cuts[n][-1]) // plan.steps) for n in TABLES}
-        self._readers = {n: RowReader(n, iter_table_batches(dataset_dir, n, None,
-                                                         max(64, rows_per_step[n] // 4)))
-                         for n in TABLES}
+        self._readers = {}
+        for n in TABLES:
+            kept = plan.kept.hand_over(n) if plan.kept is not None else None
+            batches = _drain(kept) if kept is not None else \
+                iter_table_batches(dataset_dir, n, None, max(64, rows_per_step[n] // 4))
+            self._readers[n] = RowReader(n, batches)
+            del kept  # the reader holds the batches now, and lets go of each once it is read
         self._held: dict[str, list[tuple[pa.Table, np.ndarray]]] = {n: [] for n in TABLES}
 
     def check_exhausted(self) -> None:

@@ -13,6 +13,9 @@ shuffled over the file complete almost every group at the last step, and the pla
 peak says so before any token is read. A plan can instead hold some tables ``resident``: read
 whole at the first step and kept until their rows are all decided, so groups complete as soon
 as the other tables' rows are read (token rows shuffled, when the tokens table fits the budget).
+The scan itself reads a resident ledger or rollouts table whole, all its columns, and hands its
+batches to the stream (:class:`Kept`): a table in many small files is then read once, not twice
+(each file's fixed cost paid once, docs/decisions-io.md "Many small files").
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (o
 ROLLOUT_ROW_BYTES = 200
 TOKEN_ROW_BYTES = 64     # a token row in Arrow without its lists' values: ids, offsets
 SCAN_BATCH_ROWS = 1 << 16
+KEPT_TABLES = ("ledger", "rollouts")  # the resident tables a scan can read whole (not tokens: its ids alone)
 SLICE_SPARE = 4  # sliced rows may leave at most a quarter of their piece's rows unused (kept alive)
 
 
@@ -45,10 +49,25 @@ class TableScan:
     nbytes: np.ndarray  # float64[rows]
 
 
+class Kept:
+    """Record batches of the tables a scan read whole (all their columns), for the stream to
+    take once: a batch the stream has decided is freed, which a reference kept here would
+    prevent."""
+
+    def __init__(self, batches: dict[str, list[pa.RecordBatch]]):
+        self._batches = batches
+        self.names = tuple(batches)
+
+    def hand_over(self, name: str) -> list[pa.RecordBatch] | None:
+        """Table ``name``'s batches, in read order, the first time it is asked for; else None."""
+        return self._batches.pop(name, None)
+
+
 @dataclass(frozen=True)
 class Scan:
     tables: dict[str, TableScan]
     n_groups: int
+    kept: Kept | None = None  # tables read whole (``scan``'s ``keep``)
 
     @property
     def total_bytes(self) -> float:
@@ -63,7 +82,8 @@ class WindowPlan:
     groups decided then / read then. ``resident``: tables read whole at step 0 and counted as
     held until the last step (their record batches are freed only once fully decided);
     ``copied[k]``: bytes of their rows decided at step ``k``, copied into that window on top of
-    what is held (an upper bound: runs of them that fill a record batch are sliced, ``take``)."""
+    what is held (an upper bound: runs of them that fill a record batch are sliced, ``take``).
+    ``kept``: resident tables the scan already read (``Scan.kept``)."""
 
     steps: int
     cuts: dict[str, np.ndarray]
@@ -73,6 +93,7 @@ class WindowPlan:
     read: np.ndarray
     resident: tuple[str, ...] = ()
     copied: np.ndarray | None = None
+    kept: Kept | None = None
 
 
 def _batches(dataset_dir, name: str, columns: list[str]):
@@ -80,10 +101,31 @@ def _batches(dataset_dir, name: str, columns: list[str]):
     return coalesced(iter_table_batches(dataset_dir, name, columns, SCAN_BATCH_ROWS), SCAN_BATCH_ROWS)
 
 
-def scan(dataset_dir, has_logprobs: bool) -> Scan:
-    """Read the id columns of the three tables (and ledger delta_len) once."""
+def _scan_batches(dataset_dir, name: str, columns: list[str], kept: dict[str, list]):
+    """The batches the scan reads of table ``name``: ``columns`` alone, or, for a table in
+    ``kept``, every column, each batch also appended to ``kept[name]``."""
+    if name not in kept:
+        yield from _batches(dataset_dir, name, columns)
+        return
+    for batch in iter_table_batches(dataset_dir, name, None, SCAN_BATCH_ROWS):  # small files come joined
+        kept[name].append(batch)
+        yield batch
+
+
+def _row_bytes(batches: list[pa.RecordBatch], rows: int, estimate: int) -> np.ndarray:
+    """Bytes per row of a table: measured per batch when the scan kept its ``batches``, else
+    ``estimate``."""
+    if not batches:
+        return np.full(rows, float(estimate))
+    return np.concatenate([np.full(b.num_rows, b.nbytes / max(b.num_rows, 1)) for b in batches])
+
+
+def scan(dataset_dir, has_logprobs: bool, keep: tuple[str, ...] = ()) -> Scan:
+    """Read the id columns of the three tables (and ledger delta_len) once; the tables of
+    ``keep`` among KEPT_TABLES whole, kept for the stream (``Scan.kept``)."""
+    kept = {n: [] for n in KEPT_TABLES if n in keep}
     rid_parts, grp_parts, second = [], [], []
-    for batch in _batches(dataset_dir, "rollouts", ["rollout_id", "group_id"]):
+    for batch in _scan_batches(dataset_dir, "rollouts", ["rollout_id", "group_id"], kept):
         rid = string_hashes(batch.column("rollout_id"))
         valid = pc.is_valid(batch.column("group_id")).to_numpy(zero_copy_only=False)
         grp = np.where(valid, string_hashes(batch.column("group_id")) ^ np.uint64(0x9E3779B97F4A7C15), rid)
@@ -94,7 +136,7 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
     ro_grp = np.concatenate(grp_parts) if grp_parts else np.zeros(0, np.uint64)
 
     led_rid, led_delta = [], []
-    for batch in _batches(dataset_dir, "ledger", ["rollout_id", "delta_len"]):
+    for batch in _scan_batches(dataset_dir, "ledger", ["rollout_id", "delta_len"], kept):
         led_rid.append(string_hashes(batch.column("rollout_id")))
         second.append(string_hashes(batch.column("rollout_id"), second=True))
         led_delta.append(batch.column("delta_len").to_numpy(zero_copy_only=False))
@@ -133,19 +175,24 @@ def scan(dataset_dir, has_logprobs: bool) -> Scan:
     bounds = (0, n_ro, n_ro + n_led, len(all_rid))
     return Scan(
         tables={
-            "ledger": TableScan(codes[bounds[1]:bounds[2]], np.full(n_led, float(LEDGER_ROW_BYTES))),
+            "ledger": TableScan(codes[bounds[1]:bounds[2]], _row_bytes(kept.get("ledger"), n_led, LEDGER_ROW_BYTES)),
             "tokens": TableScan(codes[bounds[2]:bounds[3]], tok_bytes),
-            "rollouts": TableScan(codes[bounds[0]:bounds[1]], np.full(n_ro, float(ROLLOUT_ROW_BYTES))),
+            "rollouts": TableScan(codes[bounds[0]:bounds[1]],
+                                  _row_bytes(kept.get("rollouts"), n_ro, ROLLOUT_ROW_BYTES)),
         },
         n_groups=len(group_first),
+        kept=Kept(kept) if kept else None,
     )
 
 
 def plan_windows(sc: Scan, steps: int, resident: tuple[str, ...] = ()) -> WindowPlan:
     """Read the three tables in ``steps`` equal fractions of their bytes (``resident`` ones
-    whole at step 0); decide each group at the first step by which all its rows are read."""
+    whole at step 0, each table the scan kept among them); decide each group at the first step
+    by which all its rows are read."""
     steps = max(1, int(steps))
     resident = tuple(n for n in sc.tables if n in resident)
+    if sc.kept is not None and not set(sc.kept.names) <= set(resident):
+        raise ValueError(f"plan_windows: tables the scan kept ({', '.join(sc.kept.names)}) must be resident")
     read_at = {}
     for name, t in sc.tables.items():
         if name in resident:
@@ -176,7 +223,7 @@ def plan_windows(sc: Scan, steps: int, resident: tuple[str, ...] = ()) -> Window
         decided += decided_here
         if name in resident:
             copied += decided_here
-    return WindowPlan(steps, cuts, done, np.cumsum(held_diff)[:steps], decided, read, resident, copied)
+    return WindowPlan(steps, cuts, done, np.cumsum(held_diff)[:steps], decided, read, resident, copied, sc.kept)
 
 
 def take(table: pa.Table, idx: np.ndarray, *, slices: bool = False) -> pa.Table:

@@ -46,6 +46,13 @@ def file_groups(plan: TablePlan, batch_rows: int) -> list[list[int]]:
     return groups
 
 
+def many_small_files(plan: TablePlan, batch_rows: int) -> bool:
+    """The table comes in several files, most of them small ones read in groups
+    (:func:`file_groups`: two files or more a group on average), so that every read of the
+    table pays a fixed cost per file."""
+    return len(plan.files) > 1 and len(plan.files) >= 2 * len(file_groups(plan, batch_rows))
+
+
 def read_group(files: list[Path], schema: pa.Schema, columns: list[str], buffer_size: int) -> pa.Table:
     """The ``columns`` of ``files`` (all of Arrow schema ``schema``, as :func:`file_groups`
     groups them) as one table, rows in file order, decoded with the settings of the one-file
