@@ -150,7 +150,7 @@ def test_stream_path_with_other_options(dataset, tmp_path, options):
                                              (stream(4), "windows/step-*.json"),
                                              (stream(4, ("tokens",)), "windows/step-*.json"),
                                              (stream(4, ("ledger", "rollouts")), "windows/step-*.json")],
-                         ids=["spill", "stream", "stream-tokens-resident", "stream-scan-kept"])
+                         ids=["spill", "stream", "stream-tokens-resident", "stream-ledger-rollouts-resident"])
 def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, route, done_glob):
     reference_out = tmp_path / "ref"
     bulk.run(dataset, reference_out, route=MEMORY)
@@ -627,9 +627,8 @@ def test_route_choice_follows_the_input_order(dataset, shuffled, monkeypatch):
     roomy = int(1.5 * tokens / planner.SHARE)  # still far from fitting in memory
     assert not planner.fits_in_memory(total, roomy)
     mixed = bulk.choose_route(shuffled, total, roomy, True)
-    # the ledger comes in three small files: the scan keeps it, resident too (planner.scan_keeps)
-    assert mixed.path == "stream" and mixed.resident == ("ledger", "tokens") and "tokens" in mixed.why
-    assert mixed.plan.resident == ("ledger", "tokens") and mixed.plan.kept.names == ("ledger",)
+    assert mixed.path == "stream" and mixed.resident == ("tokens",) and "tokens" in mixed.why
+    assert mixed.plan.resident == ("tokens",) and mixed.plan.kept is None  # 3 ledger files: too few to keep
     small = int(tokens / planner.SHARE) - 1  # the tokens table alone no longer fits
     assert bulk.choose_route(dataset, total, small, True).path == "stream"
     assert bulk.choose_route(shuffled, total, small, True).path == "spill"

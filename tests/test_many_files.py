@@ -5,6 +5,7 @@ small batches joined for the id scan (chainrows.io.arrays.coalesced)."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import threading
 
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chainrows import bulk
+from chainrows.api import run_tables
 from chainrows.bulk import plan as planner
 from chainrows.bulk import stream, windows
 from chainrows.io import dataset as dsmod
@@ -171,29 +173,46 @@ def _decoded(root, name) -> int:
     return sum(plan.read_decoded(i) for i in range(len(plan.files)))
 
 
-def test_the_scan_keeps_tables_of_small_files_that_fit(many_files):
+@pytest.fixture
+def keep_nine(monkeypatch):
+    """The fixture's nine files per table count as many (the real floor is for real datasets)."""
+    monkeypatch.setattr(planner, "KEEP_MIN_FILES", 9)
+
+
+def test_the_scan_keeps_tables_of_small_files_that_fit(many_files, monkeypatch):
     one, many = many_files
     ledger, rollouts = _decoded(many, "ledger"), _decoded(many, "rollouts")
+    assert ledger > rollouts > 0  # what the cases below rely on
     room = planner.KEEP_SHARE * (ledger + rollouts)
+    assert planner.scan_keeps(many, room) == ()  # 9 files: too few (KEEP_MIN_FILES)
+    monkeypatch.setattr(planner, "KEEP_MIN_FILES", 9)
     assert planner.scan_keeps(many, room) == ("ledger", "rollouts")
     assert planner.scan_keeps(many, room - planner.KEEP_SHARE) == ("ledger",)  # the two no longer fit
     assert planner.scan_keeps(many, planner.KEEP_SHARE * rollouts) == ("rollouts",)  # the ledger alone is larger
     assert planner.scan_keeps(one, 1 << 40) == ()  # one file per table: the stream reads it once anyway
 
 
-def test_a_stream_reads_tables_of_small_files_once(many_files, tmp_path, monkeypatch):
+def _choose_with_room(monkeypatch, many) -> list:
+    """choose_route as a run calls it, with a room that streams the small test data; returns the
+    routes it chose (appended as chosen)."""
+    total = sum(t.decoded for t in planner.input_totals(many).values())
+    room = int(total * planner.MEMORY_FACTOR / planner.SHARE)  # a stream (memory needs MEMORY_FIXED more)
+    assert not planner.fits_in_memory(total, room)
+    assert _decoded(many, "ledger") + _decoded(many, "rollouts") <= room / planner.KEEP_SHARE
+    monkeypatch.setattr(planner, "STREAM_MIN_ROOM", 0)  # the data is small; the rule is the point
+    choose = bulk.job.choose_route
+    chosen = []
+    monkeypatch.setattr(bulk.job, "choose_route", lambda d, t, r, lp: chosen.append(choose(d, t, room, lp)) or chosen[-1])
+    return chosen
+
+
+def test_a_stream_reads_tables_of_small_files_once(many_files, tmp_path, monkeypatch, keep_nine):
     """A stream's scan keeps the ledger and rollouts tables (nine small files each) whole and
     the stream takes them from memory: each is read once, the tokens table twice (its ids, then
     its rows). The bytes are those of the in-memory path."""
     one, many = many_files
     bulk.run(one, tmp_path / "want", route=bulk.Route("memory", 1, "test"))
-    total = sum(t.decoded for t in planner.input_totals(many).values())
-    room = int(total * planner.MEMORY_FACTOR / planner.SHARE)  # a stream (memory needs MEMORY_FIXED more)
-    assert not planner.fits_in_memory(total, room)
-    monkeypatch.setattr(planner, "STREAM_MIN_ROOM", 0)  # the data is small; the rule is the point
-    choose = bulk.job.choose_route
-    chosen = []
-    monkeypatch.setattr(bulk.job, "choose_route", lambda d, t, r, lp: chosen.append(choose(d, t, room, lp)) or chosen[-1])
+    chosen = _choose_with_room(monkeypatch, many)
     passes = collections.Counter()
     grouped = dsmod._grouped
 
@@ -207,6 +226,49 @@ def test_a_stream_reads_tables_of_small_files_once(many_files, tmp_path, monkeyp
     assert "ledger and rollouts in many small files" in summary.why and chosen[0].batches > 1
     assert passes == {"ledger": 1, "rollouts": 1, "tokens": 2}
     assert output_bytes(tmp_path / "got") == output_bytes(tmp_path / "want")
+
+
+def test_a_stream_without_room_for_the_kept_tables_streams_them(many_files, monkeypatch, keep_nine):
+    """When no plan fits with the kept tables held, the route is planned as if none were kept
+    (a fresh scan, nothing resident), before a resident tokens table or a spill is tried."""
+    _, many = many_files
+    chosen = _choose_with_room(monkeypatch, many)
+    plan = bulk.job._stream_plan
+    monkeypatch.setattr(bulk.job, "_stream_plan", lambda sc, room, resident: None if resident else plan(sc, room, resident))
+    route = bulk.job.choose_route(many, 0, 0, True)
+    assert [(r.path, r.resident) for r in chosen] == [("stream", ())] and route.plan.kept is None
+    assert "many small files" not in route.why
+
+
+def test_a_stream_that_kept_tables_resumes_with_the_same_windows(many_files, tmp_path, monkeypatch, keep_nine):
+    """The tables kept are recorded as resident in the work manifest: a resumed run plans the
+    same windows, decides only those not finished, and writes the same bytes."""
+    one, many = many_files
+    bulk.run(one, tmp_path / "want", route=bulk.Route("memory", 1, "test"))
+    chosen = _choose_with_room(monkeypatch, many)
+    out = tmp_path / "out"
+    calls = collections.Counter()
+
+    def crash_at_2(*tables):
+        calls["first"] += 1
+        if calls["first"] == 2:
+            raise RuntimeError("simulated crash")
+        return run_tables(*tables)
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        bulk.run(many, out, reassemble=crash_at_2)
+    manifest = json.loads((out / bulk.WORK_DIR / "manifest.json").read_text())
+    assert manifest["resident"] == ["ledger", "rollouts"] and manifest["path"] == "stream"
+    steps = manifest["batches"]
+
+    def counted(*tables):
+        calls["again"] += 1
+        return run_tables(*tables)
+
+    summary = bulk.run(many, out, resume=True, reassemble=counted)
+    assert len(chosen) == 1  # the resumed run took the recorded route
+    assert summary.batches == steps and 0 < calls["again"] < steps  # the first window was kept
+    assert output_bytes(out) == output_bytes(tmp_path / "want")
 
 
 def test_kept_batches_are_handed_over_once_and_let_go_as_read():

@@ -101,8 +101,8 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
                                        "than this budget holds, so it was not resumed")
     route = route or choose_route(dataset_dir, decoded, room, has_lp)
     if route.path == "stream" and route.plan is None:
-        route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp, route.resident), route.batches,
-                                                 route.resident))
+        route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp, _scan_keeps(route, dataset_dir, room)),
+                                                 route.batches, route.resident))
     summary = Summary(input_bytes=sum(t.stored for t in sizes.values()), decoded_bytes=decoded, path=route.path,
                       why=route.why, batches=route.batches, compile_seconds=footprint.compile_seconds,
                       budget=memory_budget)
@@ -169,6 +169,12 @@ def choose_route(dataset_dir, total: int, room: int, has_lp: bool) -> Route:
     plan = _stream_plan(sc, room, keep)
     if plan is not None:
         return Route("stream", plan.steps, "groups complete in read order" + kept, plan, keep)
+    if keep:  # the tables held may be what a stream lacks room for: plan as if none were kept
+        keep, kept = (), ""
+        sc = scan(dataset_dir, has_lp)
+        plan = _stream_plan(sc, room, keep)
+        if plan is not None:
+            return Route("stream", plan.steps, "groups complete in read order", plan)
     by_size = sorted(sc.tables, key=lambda n: sc.tables[n].nbytes.sum())
     for name in (n for n in by_size if n not in keep):
         if sc.tables[name].nbytes.sum() <= planner.SHARE * room and \
@@ -177,6 +183,13 @@ def choose_route(dataset_dir, total: int, room: int, has_lp: bool) -> Route:
                          "in memory, the others streamed" + kept, plan, keep + (name,))
     return Route("spill", planner.spill_buckets(total, room),
                  "groups complete too late in read order to stream within the budget")
+
+
+def _scan_keeps(route: Route, dataset_dir, room: int) -> tuple[str, ...]:
+    """The resident tables of a given route (an interrupted run's, or forced) that the scan
+    keeps: those a chosen route would keep under this room. Keeping fewer changes no window
+    (a resident table is read at step 0 either way), only whether it is read twice."""
+    return tuple(n for n in planner.scan_keeps(dataset_dir, room) if n in route.resident)
 
 
 def _stream_plan(sc, room: int, resident: tuple[str, ...]):
@@ -238,7 +251,8 @@ def route_if_it_fits(route: Route, dataset_dir, total: int, room: int, has_lp: b
     if route.path == "stream":
         if room < planner.STREAM_MIN_ROOM:
             return None
-        plan = plan_windows(scan(dataset_dir, has_lp, route.resident), route.batches, route.resident)
+        plan = plan_windows(scan(dataset_dir, has_lp, _scan_keeps(route, dataset_dir, room)), route.batches,
+                            route.resident)
         return replace(route, plan=plan) if planner.stream_peak(plan) <= planner.SHARE * room else None
     return route if route.batches >= planner.spill_buckets(total, room) else None
 

@@ -33,6 +33,8 @@ STEP_BYTES = 96 << 20  # estimated input a streaming step aims at (docs/limits.m
 RUN_DISK_FACTOR = 4  # buckets (~ the decoded input) and runs (~ the output) uncompressed, with margin
 STREAM_MIN_ROOM = 1 << 30  # below this room, spill: its factors are measured down to 384 MiB budgets
 KEEP_SHARE = 8  # the tables a stream's scan keeps hold at most 1 / KEEP_SHARE of the room
+KEEP_MIN_FILES = 64  # below, the file opens a kept table saves (~0.5 ms each) are worth less than
+# the decoding it moves out of the stream, where it overlaps the engine, into the scan
 
 
 def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
@@ -108,15 +110,16 @@ def spill_buckets(total_bytes: int, room: int) -> int:
 
 def scan_keeps(dataset_dir, room: int) -> tuple[str, ...]:
     """The tables a stream's id scan reads whole, for the stream to take from memory instead of
-    reading them again (``KEPT_TABLES``, held resident): each that comes in many small files
-    (``small_files.many_small_files``: a second read would pay each file's fixed cost again),
-    while their decoded bytes (footers) together stay within ``room / KEEP_SHARE``. A table in
-    a few large files is read once anyway: by the stream, beside the engine."""
+    reading them again (``KEPT_TABLES``, held resident): each that comes in many small files (at
+    least KEEP_MIN_FILES, ``small_files.many_small_files``: a second read would pay each file's
+    fixed cost again), while their decoded bytes (footers) together stay within
+    ``room / KEEP_SHARE``. A table in a few files is read by the stream alone, beside the engine."""
     keep, held = [], 0
     for name in KEPT_TABLES:
         plan = plan_table(dataset_dir, name)
         decoded = sum(plan.read_decoded(i) for i in range(len(plan.files)))
-        if many_small_files(plan, SCAN_BATCH_ROWS) and held + decoded <= room / KEEP_SHARE:
+        if len(plan.files) >= KEEP_MIN_FILES and many_small_files(plan, SCAN_BATCH_ROWS) \
+                and held + decoded <= room / KEEP_SHARE:
             keep.append(name)
             held += decoded
     return tuple(keep)

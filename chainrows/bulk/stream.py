@@ -51,7 +51,8 @@ class RowReader:
                 self._pending = pa.Table.from_batches([batch])
                 self.schema = self.schema or batch.schema
             piece = self._pending.slice(0, n - got)
-            self._pending = self._pending.slice(piece.num_rows)
+            rest = self._pending.num_rows - piece.num_rows
+            self._pending = self._pending.slice(piece.num_rows) if rest else None  # a read table lets go
             out.append(piece)
             got += piece.num_rows
         return out

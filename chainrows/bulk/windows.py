@@ -13,9 +13,10 @@ shuffled over the file complete almost every group at the last step, and the pla
 peak says so before any token is read. A plan can instead hold some tables ``resident``: read
 whole at the first step and kept until their rows are all decided, so groups complete as soon
 as the other tables' rows are read (token rows shuffled, when the tokens table fits the budget).
-The scan itself reads a resident ledger or rollouts table whole, all its columns, and hands its
-batches to the stream (:class:`Kept`): a table in many small files is then read once, not twice
-(each file's fixed cost paid once, docs/decisions-io.md "Many small files").
+The scan itself can read a resident ledger or rollouts table whole, all its columns, and hand
+its batches to the stream (:class:`Kept`; the planner keeps tables in many small files, which
+are then read once, not twice: each file's fixed cost paid once, docs/decisions-io.md "Many
+small files").
 """
 
 from __future__ import annotations
