@@ -101,7 +101,7 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
                                        "than this budget holds, so it was not resumed")
     route = route or choose_route(dataset_dir, decoded, room, has_lp)
     if route.path == "stream" and route.plan is None:
-        route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp, _scan_keeps(route, dataset_dir, room)),
+        route = replace(route, plan=plan_windows(scan(dataset_dir, has_lp, _kept_of(route, dataset_dir, room)),
                                                  route.batches, route.resident))
     summary = Summary(input_bytes=sum(t.stored for t in sizes.values()), decoded_bytes=decoded, path=route.path,
                       why=route.why, batches=route.batches, compile_seconds=footprint.compile_seconds,
@@ -157,35 +157,30 @@ def choose_route(dataset_dir, total: int, room: int, has_lp: bool) -> Route:
     MAX_STEPS steps fits (reading the id columns once to know) and the room is at least
     STREAM_MIN_ROOM: all tables streamed, else one table resident (the smallest that makes a
     plan fit: e.g. the tokens table when its rows are shuffled); else spill buckets. A stream
-    holds the tables its scan keeps (``planner.scan_keeps``: many small files) resident too."""
+    holds the tables its scan keeps (``planner.scan_keeps``: many small files) resident too, unless
+    only a plan without them held fits."""
     if planner.fits_in_memory(total, room):
         return Route("memory", 1, "fits in memory")
     if room < planner.STREAM_MIN_ROOM:
         return Route("spill", planner.spill_buckets(total, room),
                      "a tight budget: partitioned, whatever the read order")
-    keep = planner.scan_keeps(dataset_dir, room)
-    sc = scan(dataset_dir, has_lp, keep)
-    kept = f"; {' and '.join(keep)} in many small files: read once, held in memory" if keep else ""
-    plan = _stream_plan(sc, room, keep)
-    if plan is not None:
-        return Route("stream", plan.steps, "groups complete in read order" + kept, plan, keep)
-    if keep:  # the tables held may be what a stream lacks room for: plan as if none were kept
-        keep, kept = (), ""
-        sc = scan(dataset_dir, has_lp)
-        plan = _stream_plan(sc, room, keep)
-        if plan is not None:
-            return Route("stream", plan.steps, "groups complete in read order", plan)
+    keeps = planner.scan_keeps(dataset_dir, room)
+    # with the tables kept held, else (they may be what a stream lacks room for) as if none were
+    for keep in ((keeps, ()) if keeps else ((),)):
+        sc = scan(dataset_dir, has_lp, keep)
+        if (plan := _stream_plan(sc, room, keep)) is not None:
+            kept = f"; {' and '.join(keep)} in many small files: read once, held in memory" if keep else ""
+            return Route("stream", plan.steps, "groups complete in read order" + kept, plan, keep)
     by_size = sorted(sc.tables, key=lambda n: sc.tables[n].nbytes.sum())
-    for name in (n for n in by_size if n not in keep):
-        if sc.tables[name].nbytes.sum() <= planner.SHARE * room and \
-                (plan := _stream_plan(sc, room, keep + (name,))):
+    for name in by_size:
+        if sc.tables[name].nbytes.sum() <= planner.SHARE * room and (plan := _stream_plan(sc, room, (name,))):
             return Route("stream", plan.steps, f"rows of {name} out of read order: that table held "
-                         "in memory, the others streamed" + kept, plan, keep + (name,))
+                         "in memory, the others streamed", plan, (name,))
     return Route("spill", planner.spill_buckets(total, room),
                  "groups complete too late in read order to stream within the budget")
 
 
-def _scan_keeps(route: Route, dataset_dir, room: int) -> tuple[str, ...]:
+def _kept_of(route: Route, dataset_dir, room: int) -> tuple[str, ...]:
     """The resident tables of a given route (an interrupted run's, or forced) that the scan
     keeps: those a chosen route would keep under this room. Keeping fewer changes no window
     (a resident table is read at step 0 either way), only whether it is read twice."""
@@ -251,7 +246,7 @@ def route_if_it_fits(route: Route, dataset_dir, total: int, room: int, has_lp: b
     if route.path == "stream":
         if room < planner.STREAM_MIN_ROOM:
             return None
-        plan = plan_windows(scan(dataset_dir, has_lp, _scan_keeps(route, dataset_dir, room)), route.batches,
+        plan = plan_windows(scan(dataset_dir, has_lp, _kept_of(route, dataset_dir, room)), route.batches,
                             route.resident)
         return replace(route, plan=plan) if planner.stream_peak(plan) <= planner.SHARE * room else None
     return route if route.batches >= planner.spill_buckets(total, room) else None

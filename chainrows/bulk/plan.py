@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from chainrows.io.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
 from chainrows.bulk.windows import KEPT_TABLES, SCAN_BATCH_ROWS
-from chainrows.io.dataset import TABLES, Totals, footer_totals, plan_table
+from chainrows.io.dataset import TABLES, Totals, footer_totals, plan_table, plan_totals
 from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
 from chainrows.io.small_files import many_small_files
 from chainrows.options import Options
@@ -117,7 +117,7 @@ def scan_keeps(dataset_dir, room: int) -> tuple[str, ...]:
     keep, held = [], 0
     for name in KEPT_TABLES:
         plan = plan_table(dataset_dir, name)
-        decoded = sum(plan.read_decoded(i) for i in range(len(plan.files)))
+        decoded = plan_totals(plan).decoded
         if len(plan.files) >= KEEP_MIN_FILES and many_small_files(plan, SCAN_BATCH_ROWS) \
                 and held + decoded <= room / KEEP_SHARE:
             keep.append(name)

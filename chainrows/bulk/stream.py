@@ -76,7 +76,6 @@ class Windows:
             batches = _drain(kept) if kept is not None else \
                 iter_table_batches(dataset_dir, n, None, max(64, rows_per_step[n] // 4))
             self._readers[n] = RowReader(n, batches)
-            del kept  # the reader holds the batches now, and lets go of each once it is read
         self._held: dict[str, list[tuple[pa.Table, np.ndarray]]] = {n: [] for n in TABLES}
 
     def check_exhausted(self) -> None:

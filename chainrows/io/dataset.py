@@ -666,7 +666,11 @@ def footer_totals(dataset_dir: str | os.PathLike, name: str) -> Totals:
     """The :class:`Totals` of table ``name``, from its files' footers (every file's schema
     checked; no data read). Other columns a capture carries beside the format's do not count:
     they are never read."""
-    plan = plan_table(dataset_dir, name)
+    return plan_totals(plan_table(dataset_dir, name))
+
+
+def plan_totals(plan: TablePlan) -> Totals:
+    """The :class:`Totals` of a table's plan (its files' footer facts)."""
     files = range(len(plan.files))
     return Totals(sum(f.num_rows for f in plan.facts), sum(plan.read_stored(i) for i in files),
                   sum(plan.read_decoded(i) for i in files))
