@@ -114,9 +114,9 @@ def _corrupt(rng, kind, ledger, tokens, rollouts, logprobs, accepted_col):
         tokens.append(dict(T))
     elif kind == "orphan_tokens" and T:
         tokens.append(dict(T, call_id="nope"))
-    elif kind == "lp_nan" and T and logprobs and T["tokens"] and T.get("logprobs") is not None:
-        T["logprobs"][rng.randrange(len(T["tokens"]))] = float(rng.choice(("nan", "inf", "-inf")))
-    elif kind == "lp_carry" and T and logprobs and T["tokens"] and T.get("logprobs") is not None:
+    elif kind == "lp_nan" and T and logprobs and T.get("logprobs"):  # not len(tokens): a defect may differ
+        T["logprobs"][rng.randrange(len(T["logprobs"]))] = float(rng.choice(("nan", "inf", "-inf")))
+    elif kind == "lp_carry" and T and logprobs and T.get("logprobs"):
         T["logprobs"][0] = -0.5
     elif kind == "lp_len" and T and logprobs and T.get("logprobs") is not None:
         T["logprobs"] = T["logprobs"] + [0.0]
