@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import chainrows
 from chainrows.engine._jit import jit
 from chainrows.engine.chunks import even_chunks
-from chainrows.engine.threads import parts, run
+from chainrows.engine.threads import Step, parts, run, run_steps, step_parts
 
 
 @jit
@@ -48,6 +48,77 @@ def test_run_does_every_item_once(threads, n):
         hits = np.zeros(n, dtype=np.int64)
         run(_count_items, even_chunks(n), hits)
         assert np.array_equal(hits, np.ones(n, dtype=np.int64))
+    finally:
+        numba.set_num_threads(before)
+
+
+@jit
+def _double_counted(chunks, hits, out):
+    """out[i] = 2 * hits[i]: reads what _count_items wrote for the same chunks."""
+    for kk in range(len(chunks) - 1):
+        for i in range(chunks[kk], chunks[kk + 1]):
+            out[i] = 2 * hits[i]
+
+
+_weights = st.lists(st.lists(st.integers(0, 50), min_size=0, max_size=12), min_size=1, max_size=6)
+
+
+@given(weights=_weights, n_threads=st.integers(1, 5))
+def test_step_parts_cover_every_chunk_once_in_order_and_even_out_the_weight(weights, n_threads):
+    steps = [Step(np.arange(len(w) + 1, dtype=np.int64), np.concatenate(([0], np.cumsum(w))).astype(np.int64), ())
+             for w in weights]
+    split = step_parts(steps, n_threads)
+    flat = [(k, c) for ranges in split for k, a, b in ranges for c in range(a, b)]
+    assert flat == [(k, c) for k, w in enumerate(weights) for c in range(len(w))]  # each once, in order
+    assert len(split) <= n_threads and all(a < b for ranges in split for _, a, b in ranges)
+    chunk_w = [x for w in weights for x in w]
+    if chunk_w:
+        part_w = [sum(weights[k][c] for k, a, b in ranges for c in range(a, b)) for ranges in split]
+        assert max(part_w) <= sum(chunk_w) / len(split) + max(chunk_w)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_run_steps_runs_each_steps_calls_in_order_over_every_item_once(threads):
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"needs {threads} threads")
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        sizes = [1000, 0, 7, 300]
+        hits = [np.zeros(n, dtype=np.int64) for n in sizes]
+        out = [np.zeros(n, dtype=np.int64) for n in sizes]
+        steps = [Step(even_chunks(n), np.arange(len(even_chunks(n)), dtype=np.int64) * 10,
+                      ((_count_items, (h,)), (_double_counted, (h, o)))) for n, h, o in zip(sizes, hits, out)]
+        run_steps(steps)
+        for n, h, o in zip(sizes, hits, out):
+            assert np.array_equal(h, np.ones(n, dtype=np.int64)) and np.array_equal(o, 2 * h)
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 threads")
+def test_run_steps_splits_across_steps_and_an_error_waits_for_the_other_part():
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    seen, done = [], threading.Event()
+
+    def kernel(chunks, step):
+        seen.append((threading.get_ident(), step, int(chunks[0]), int(chunks[-1])))
+        if step == 0:
+            raise ValueError("first step fails")
+        done.wait(5)
+        seen.append("second part finished")
+
+    try:
+        threading.Timer(0.2, done.set).start()
+        steps = [Step(np.array([0, 2, 4]), np.array([0, 1, 2]), ((kernel, (0,)),)),
+                 Step(np.array([0, 3, 6]), np.array([0, 1, 2]), ((kernel, (1,)),))]
+        with pytest.raises(ValueError, match="first step fails"):
+            run_steps(steps)
+        assert seen[-1] == "second part finished"
+        parts_seen = sorted((s for s in seen if isinstance(s, tuple)), key=lambda s: s[1])
+        assert [(k, a, b) for _, k, a, b in parts_seen] == [(0, 0, 4), (1, 0, 6)]  # one whole step each
+        assert parts_seen[0][0] != parts_seen[1][0]
     finally:
         numba.set_num_threads(before)
 

@@ -141,8 +141,13 @@ def copy_check_logprobs(chunks, entries, row_calls, call_dst, delta_len, gen_len
     """:func:`copy_deltas` of the logprob buffer ``logprobs`` into ``out``, and for each copied
     call c whose ``status[c]`` is still 0 (check 14 passed): status[c] = check 15
     (``verify.check_logprobs``: finite, 0.0 on the carry), 0 when it passes. Run after
-    :func:`copy_hash_deltas` on the same entries; every copied call has
-    ``lp_stop[c] - lp_start[c] == delta_len[c]`` (checks 12–13)."""
+    :func:`copy_hash_deltas` on the same entries, on the same thread; every copied call has
+    ``lp_stop[c] - lp_start[c] == delta_len[c]`` (checks 12–13).
+
+    A call in several rows may have its entries on two threads at once. Every write of its
+    status is the hash check's one value or, once that read 0, the logprob check's one value,
+    and each thread writes the hash's before it reads: the last write is the logprob check's
+    whenever the hash passed and the logprobs did not."""
     for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
             c = _copy_entry(entries[j], row_calls, call_dst, lp_start, delta_len, logprobs, out, stream_bytes)

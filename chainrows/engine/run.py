@@ -24,7 +24,7 @@ from chainrows.engine.gather import (
 from chainrows.engine import select
 from chainrows.engine.select import select_calls, serving_index
 from chainrows.engine.streamcopy import stream_from
-from chainrows.engine.threads import run
+from chainrows.engine.threads import Step, run, run_steps
 from chainrows.engine.verify import data_checks, mark_chain_calls, verify_chains
 from chainrows.options import Options
 
@@ -91,18 +91,23 @@ def _chunks(batch: Batch) -> np.ndarray:
     return balanced_chunks(per_call[batch.call_off] + np.arange(batch.num_rollouts + 1))
 
 
-def _order_chunks(batch: Batch) -> list[np.ndarray]:
+def _order_chunks(batch: Batch) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per buffer k, chunks over the positions of tok_order in buffer k (tok_order lists the
-    calls buffer by buffer), of about equal token counts."""
+    calls buffer by buffer), of about equal token counts, and the cumulative token count at
+    each chunk bound."""
     o = batch.tok_order
     per = np.concatenate(([0], np.cumsum(batch.tok_stop[o] - batch.tok_start[o] + 1)))
     bounds = np.searchsorted(batch.tok_chunk[o], np.arange(len(batch.tokens) + 1), side="left")
-    return [balanced_chunks(per[a:b + 1] - per[a]) + a for a, b in zip(bounds[:-1], bounds[1:])]
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        chunks = balanced_chunks(per[a:b + 1] - per[a]) + a
+        out.append((chunks, per[chunks]))
+    return out
 
 
-def _copy_chunks(batch: Batch, row_calls: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+def _copy_chunks(batch: Batch, row_calls: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per buffer k: (positions of row_calls whose call's delta is in buffer k, chunks over
-    them of about equal token counts)."""
+    them of about equal token counts, the cumulative token count at each chunk bound)."""
     buf = batch.tok_chunk[row_calls]
     if len(batch.tokens) == 1:
         entries = np.arange(len(row_calls), dtype=np.int64)
@@ -111,7 +116,11 @@ def _copy_chunks(batch: Batch, row_calls: np.ndarray) -> list[tuple[np.ndarray, 
         entries = np.argsort(buf.astype(small), kind="stable").astype(np.int64)  # radix sort up to 16 bits
     per = np.concatenate(([0], np.cumsum(batch.delta_len[row_calls[entries]] + 1)))
     bounds = np.searchsorted(buf[entries], np.arange(len(batch.tokens) + 1), side="left")
-    return [(entries, balanced_chunks(per[a:b + 1] - per[a]) + a) for a, b in zip(bounds[:-1], bounds[1:])]
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        chunks = balanced_chunks(per[a:b + 1] - per[a]) + a
+        out.append((entries, chunks, per[chunks]))
+    return out
 
 
 def _forest(chunks, detail, bad_call, sel_off, sel, sel_len, parent, n_chains):
@@ -180,10 +189,10 @@ def _check_chain_data(b: Batch, chunks: np.ndarray, detail: np.ndarray, dec: Dec
     into ``status``."""
     need = np.zeros(b.num_calls, dtype=np.uint8)
     run(mark_chain_calls, chunks, detail, dec.sel_off, dec.sel, dec.sel_len, need)
-    for k, order_chunks in enumerate(_order_chunks(b)):
-        run(data_checks, order_chunks, b.tok_order, need, b.parent, b.chain_hash, b.integrity_bad,
-            b.gen_len, b.tok_start, b.tok_stop, b.tokens[k], b.has_logprobs, b.lp_start, b.lp_stop,
-            b.logprobs[k], status)
+    run_steps([Step(order_chunks, weight_off, ((data_checks, (
+        b.tok_order, need, b.parent, b.chain_hash, b.integrity_bad, b.gen_len, b.tok_start, b.tok_stop,
+        b.tokens[k], b.has_logprobs, b.lp_start, b.lp_stop, b.logprobs[k], status)),))
+        for k, (order_chunks, weight_off) in enumerate(_order_chunks(b))])
 
 
 def _verify(b: Batch, chunks: np.ndarray, dec: Decisions, status: np.ndarray) -> None:
@@ -335,21 +344,24 @@ def _gather(b: Batch, chunks: np.ndarray, dec: Decisions, options: Options,
         call_dst)
     ro_calls, ro_dst = readonly(row_calls), readonly(call_dst)
     stream_bytes = stream_from(input_ids.nbytes)  # logprobs: as many bytes
-    for k, (entries, copy_chunks) in enumerate(_copy_chunks(b, row_calls)):
+    steps = []
+    for k, (entries, copy_chunks, weight_off) in enumerate(_copy_chunks(b, row_calls)):
         entries = readonly(entries)
         if status is None:
-            run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.tok_start, b.delta_len, b.tokens[k],
-                input_ids, stream_bytes)
+            calls = [(copy_deltas, (entries, ro_calls, ro_dst, b.tok_start, b.delta_len, b.tokens[k], input_ids,
+                                    stream_bytes))]
             if b.has_logprobs:
-                run(copy_deltas, copy_chunks, entries, ro_calls, ro_dst, b.lp_start, b.delta_len,
-                    b.logprobs[k], logprobs, stream_bytes)
+                calls.append((copy_deltas, (entries, ro_calls, ro_dst, b.lp_start, b.delta_len, b.logprobs[k],
+                                            logprobs, stream_bytes)))
         else:
-            run(copy_hash_deltas, copy_chunks, entries, ro_calls, ro_dst, b.delta_len, b.parent,
-                b.chain_hash, b.integrity_bad, b.tok_start, b.tok_stop, b.tokens[k], input_ids, status,
-                stream_bytes)
-            if b.has_logprobs:
-                run(copy_check_logprobs, copy_chunks, entries, ro_calls, ro_dst, b.delta_len, b.gen_len,
-                    b.lp_start, b.lp_stop, b.logprobs[k], logprobs, status, stream_bytes)
+            calls = [(copy_hash_deltas, (entries, ro_calls, ro_dst, b.delta_len, b.parent, b.chain_hash,
+                                         b.integrity_bad, b.tok_start, b.tok_stop, b.tokens[k], input_ids, status,
+                                         stream_bytes))]
+            if b.has_logprobs:  # after the hashes of the same entries: it reads their status
+                calls.append((copy_check_logprobs, (entries, ro_calls, ro_dst, b.delta_len, b.gen_len, b.lp_start,
+                                                    b.lp_stop, b.logprobs[k], logprobs, status, stream_bytes)))
+        steps.append(Step(copy_chunks, weight_off, tuple(calls)))
+    run_steps(steps)  # one wait for all buffers
     row_rollout = np.repeat(np.arange(R, dtype=np.int64), rows_per)
     return RowArrays(row_off, row_rollout, segment, rows_per[row_rollout].astype(np.int32), prompt,
                      tok_off, input_ids, loss_mask, logprobs if b.has_logprobs else None, call_off,

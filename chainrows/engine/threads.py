@@ -16,9 +16,11 @@ statically, the first run by the calling thread, as Numba's parfors scheduler sp
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -63,22 +65,81 @@ def run(kernel, chunks: np.ndarray, *args) -> None:
     n_chunks = len(chunks) - 1
     if n_chunks <= 0:
         return
-    split = parts(n_chunks, numba.get_num_threads())
-    if len(split) == 1:
-        kernel(chunks, *args)
+    _run_parts([functools.partial(kernel, chunks[a:b + 1], *args)
+                for a, b in parts(n_chunks, numba.get_num_threads())])
+
+
+@dataclass(frozen=True)
+class Step:
+    """Kernels that run one after the other over the same chunks: ``kernel(chunks[a:b + 1],
+    *args)`` for each (kernel, args) of ``calls``, in order, on a range of chunks;
+    ``weight_off``: the cumulative weight at each chunk bound (int64, ``len(chunks)`` of them),
+    which :func:`run_steps` evens out across threads."""
+
+    chunks: np.ndarray
+    weight_off: np.ndarray
+    calls: tuple
+
+
+def step_parts(steps: list[Step], n_threads: int) -> list[list[tuple[int, int, int]]]:
+    """The chunks of all ``steps``, in order, cut into at most ``n_threads`` contiguous parts of
+    about equal weight (cuts fall on chunk bounds): per part, its (step, first chunk bound, last
+    chunk bound) ranges, in step order, none empty."""
+    sizes = [len(s.chunks) - 1 for s in steps]
+    total = sum(sizes)
+    if total <= 0:
+        return []
+    weight = np.zeros(total + 1, dtype=np.float64)
+    np.cumsum(np.concatenate([np.diff(s.weight_off) for s in steps if len(s.chunks) > 1]), out=weight[1:])
+    n = max(1, min(n_threads, total))
+    cuts = np.searchsorted(weight, weight[-1] * np.arange(1, n) / n, side="left")
+    cuts = np.unique(np.concatenate(([0], np.minimum(cuts, total), [total]))).tolist()
+    first = np.concatenate(([0], np.cumsum(sizes))).tolist()  # global index of each step's chunk 0
+    out = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        out.append([(k, max(lo, first[k]) - first[k], min(hi, first[k + 1]) - first[k])
+                    for k in range(len(steps)) if max(lo, first[k]) < min(hi, first[k + 1])])
+    return out
+
+
+def run_steps(steps: list[Step]) -> None:
+    """Every step's calls over all of its chunks, on ``numba.get_num_threads()`` threads at once:
+    the chunks of all steps split by :func:`step_parts`, one part per thread, each thread doing
+    its ranges step by step, a range's calls in order. One wait for all, where :func:`run` per
+    kernel and step would wait after each (tens of waits for one gather, each on its slowest
+    part). Within a range a call sees what the calls before it wrote for the same chunks;
+    across ranges the calls must write disjoint outputs, or the same value, as for :func:`run`.
+    An error in any part is raised after every part has stopped."""
+    split = step_parts(steps, numba.get_num_threads())
+
+    def do(ranges):
+        for k, a, b in ranges:
+            chunks = steps[k].chunks[a:b + 1]
+            for kernel, args in steps[k].calls:
+                kernel(chunks, *args)
+
+    if split:
+        _run_parts([functools.partial(do, ranges) for ranges in split])
+
+
+def _run_parts(jobs: list) -> None:
+    """Call each of ``jobs`` (no arguments), the first here and the others on the kernel
+    threads; all finished on return, an error in any raised after every job has stopped."""
+    if len(jobs) == 1:
+        jobs[0]()
         return
-    futures, here = [], [split[0]]
+    futures, here = [], [jobs[0]]
     error = None
     try:  # from the first submit on, an error or interrupt still waits for the submitted parts:
         # a kernel may read memory only the caller keeps alive (e.g. chunks passed by address)
         pool = _pool()
-        for a, b in split[1:]:
+        for job in jobs[1:]:
             try:
-                futures.append(pool.submit(kernel, chunks[a:b + 1], *args))
+                futures.append(pool.submit(job))
             except RuntimeError:  # the interpreter is shutting down: no new threads, run it here
-                here.append((a, b))
-        for a, b in here:
-            kernel(chunks[a:b + 1], *args)
+                here.append(job)
+        for job in here:
+            job()
     except BaseException as err:  # noqa: BLE001 - re-raised once the other parts are done
         error = err
     for f in futures:
