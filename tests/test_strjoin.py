@@ -9,14 +9,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chainrows.engine.batch import readonly
+from chainrows.engine._jit import jit
 from chainrows.engine.strjoin import (
-    index_groups, index_groups_py, join_groups, new_tables, probe_groups, probe_groups_py, table_offsets,
+    _hash, _same, index_groups, index_groups_py, join_groups, new_tables, probe_groups, probe_groups_py, table_offsets,
 )
 from chainrows.engine.threads import run
 from chainrows.io.arrays import offsets_from_lengths, string_parts
 
 # few distinct ids (many equal ones), some sharing a prefix or differing only in length
 IDS = st.one_of(st.none(), st.sampled_from(["", "a", "b", "ab", "ba", "aa", "é", "x" * 40, "x" * 41]))
+
+
+def _near_misses() -> list[str]:
+    """Strings of 0-25 bytes, each with variants one byte off at its first, middle and last
+    byte and at bytes 7-8 (the kernels compare 8 bytes at a time, the last word overlapping)."""
+    out = []
+    for n in range(26):
+        base = "0123456789abcdefghijklmnop"[:n]
+        out.append(base)
+        for i in sorted({0, n // 2, n - 1, 7, 8} & set(range(n))):
+            out.append(base[:i] + "#" + base[i + 1:])
+    return out
+
+
+NEAR_MISSES = _near_misses()
+IDS = st.one_of(IDS, st.sampled_from(NEAR_MISSES[::3]), st.sampled_from(NEAR_MISSES[40:60]))
 
 
 MISSING, NULL = -5, -9  # distinct from each other and from every entry index
@@ -91,6 +108,36 @@ def test_large_group_probes_past_occupied_slots():
     assert first == index_groups_py([0, len(build)], build)
     assert found == probe_groups_py([0, len(build)], build, [0] * len(probe), probe, MISSING, NULL)
     assert found[-2:] == [MISSING, MISSING]
+
+
+@jit
+def _all_pairs_same(soff, data, out):
+    for a in range(len(soff) - 1):
+        for b in range(len(soff) - 1):
+            out[a, b] = _same(soff, data, a, soff, data, b)
+
+
+@jit
+def _hashes(soff, data, out):
+    for i in range(len(soff) - 1):
+        out[i] = _hash(soff, data, i)
+
+
+@pytest.mark.parametrize("string_type", [pa.string(), pa.large_string()])
+def test_byte_comparison_and_hash_of_strings_one_byte_apart(string_type):
+    # the table compares bytes only when two hashes share their top 32 bits, which no random
+    # case reaches: the comparison itself on every pair, each string stored twice
+    ids = NEAR_MISSES + NEAR_MISSES[::-1]
+    soff, data, _ = string_parts(pa.array(["pad"] + ids, string_type).slice(1))
+    same = np.zeros((len(ids), len(ids)), dtype=np.bool_)
+    _all_pairs_same(soff, data, same)
+    assert same.tolist() == [[x == y for y in ids] for x in ids]
+    hashes = np.zeros(len(ids), dtype=np.uint64)
+    _hashes(soff, data, hashes)
+    by_id = {}
+    for x, h in zip(ids, hashes.tolist()):
+        assert by_id.setdefault(x, h) == h  # equal strings hash alike
+    assert len(set(by_id.values())) == len(by_id)  # and these near misses all differ
 
 
 def test_table_offsets_power_of_two_at_least_twice():

@@ -19,6 +19,10 @@ Plain-Python definitions (used by the tests): :func:`index_groups_py`, :func:`pr
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
 
 from chainrows.engine._jit import jit
 
@@ -39,9 +43,25 @@ def new_tables(tab_off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.full(n, -1, dtype=np.int32), np.zeros(n, dtype=np.uint32)
 
 
+@intrinsic
+def _load8(typingctx, data, j):
+    """data[j:j + 8] as one uint64 (an unaligned load, in the host's byte order); data is a
+    C-contiguous uint8 array and j + 8 <= len(data) the caller's contract (not checked)."""
+    if not (isinstance(data, types.Array) and data.ndim == 1 and data.dtype == types.uint8
+            and data.layout == "C" and isinstance(j, types.Integer)):
+        raise TypingError("strjoin: _load8(C-contiguous uint8[:], integer), got %s, %s" % (data, j))
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        at = builder.gep(ary.data, [context.cast(builder, args[1], signature.args[1], types.int64)])
+        return builder.load(builder.bitcast(at, ir.IntType(64).as_pointer()), align=1)
+
+    return types.uint64(data, j), codegen
+
+
 @jit(inline="always")
 def _word(data, j, n):
-    """Bytes data[j:j+n] (n <= 8) as a little-endian uint64."""
+    """Bytes data[j:j+n] (n < 8) as a little-endian uint64."""
     w = np.uint64(0)
     for k in range(n):
         w |= np.uint64(data[j + k]) << np.uint64(8 * k)
@@ -50,34 +70,46 @@ def _word(data, j, n):
 
 @jit(inline="always")
 def _same(a_off, a_data, a, b_off, b_data, b):
+    """String a of (a_off, a_data) equals string b of (b_off, b_data): 8 bytes at a time, the
+    last 8 overlapping the word before when the length is not a multiple of 8; never a byte
+    outside the two strings."""
     n = a_off[a + 1] - a_off[a]
     if b_off[b + 1] - b_off[b] != n:
         return False
     sa, sb = a_off[a], b_off[b]
-    for j in range(n):
-        if a_data[sa + j] != b_data[sb + j]:
+    if n < 8:
+        for j in range(n):
+            if a_data[sa + j] != b_data[sb + j]:
+                return False
+        return True
+    j = 0
+    while j + 8 < n:
+        if _load8(a_data, sa + j) != _load8(b_data, sb + j):
             return False
-    return True
+        j += 8
+    return _load8(a_data, sa + n - 8) == _load8(b_data, sb + n - 8)
 
 
 @jit(inline="always")
 def _hash(offsets, data, i):
-    """A 64-bit hash of string i taken 8 bytes at a time (per full word an FNV-style xor and
-    multiply and a shift; the last partial word xored and multiplied; the length as seed; the
-    first half of MurmurHash3's fmix64 as final mix). Only places entries in these transient
-    tables; routing keeps chainrows.engine.strhash.fnv1a, whose values must not change.
-    Byte-at-a-time FNV-1a is one multiply per byte in a dependent chain, which the joins
-    waited on once their tables stayed in cache (docs/decisions-engine.md "String joins")."""
+    """A 64-bit hash of string i taken 8 bytes at a time as :func:`_same` reads them (per word
+    an FNV-style xor and multiply and a shift; the length as seed; the first half of
+    MurmurHash3's fmix64 as final mix), a string under 8 bytes as one word. Only places entries
+    in these transient tables; routing keeps chainrows.engine.strhash.fnv1a, whose values must
+    not change. Byte-at-a-time FNV-1a is one multiply per byte in a dependent chain, which the
+    joins waited on once their tables stayed in cache (docs/decisions-engine.md "String joins")."""
     a = offsets[i]
     b = offsets[i + 1]
     h = np.uint64(b - a) * np.uint64(0x9E3779B97F4A7C15)
-    j = a
-    while j + 8 <= b:
-        h = (h ^ _word(data, j, 8)) * np.uint64(0x100000001B3)
-        h ^= h >> np.uint64(29)
-        j += 8
-    if j < b:
-        h = (h ^ _word(data, j, b - j)) * np.uint64(0x100000001B3)
+    if b - a < 8:
+        h = (h ^ _word(data, a, b - a)) * np.uint64(0x100000001B3)
+    else:
+        j = a
+        while j + 8 < b:
+            h = (h ^ _load8(data, j)) * np.uint64(0x100000001B3)
+            h ^= h >> np.uint64(29)
+            j += 8
+        h = (h ^ _load8(data, b - 8)) * np.uint64(0x100000001B3)
     h ^= h >> np.uint64(33)
     h *= np.uint64(0xFF51AFD7ED558CCD)
     h ^= h >> np.uint64(33)
