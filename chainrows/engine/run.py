@@ -92,22 +92,17 @@ def _chunks(batch: Batch) -> np.ndarray:
 
 
 def _order_chunks(batch: Batch) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per buffer k, chunks over the positions of tok_order in buffer k (tok_order lists the
-    calls buffer by buffer), of about equal token counts, and the cumulative token count at
-    each chunk bound."""
+    """:func:`_buffer_chunks` over the positions of tok_order (which lists the calls buffer by
+    buffer), weighed by token count."""
     o = batch.tok_order
     per = np.concatenate(([0], np.cumsum(batch.tok_stop[o] - batch.tok_start[o] + 1)))
     bounds = np.searchsorted(batch.tok_chunk[o], np.arange(len(batch.tokens) + 1), side="left")
-    out = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        chunks = balanced_chunks(per[a:b + 1] - per[a]) + a
-        out.append((chunks, per[chunks]))
-    return out
+    return _buffer_chunks(per, bounds)
 
 
-def _copy_chunks(batch: Batch, row_calls: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per buffer k: (positions of row_calls whose call's delta is in buffer k, chunks over
-    them of about equal token counts, the cumulative token count at each chunk bound)."""
+def _copy_chunks(batch: Batch, row_calls: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """(entries: the positions of row_calls sorted by the buffer of their call's delta,
+    :func:`_buffer_chunks` over entries weighed by delta length)."""
     buf = batch.tok_chunk[row_calls]
     if len(batch.tokens) == 1:
         entries = np.arange(len(row_calls), dtype=np.int64)
@@ -116,10 +111,17 @@ def _copy_chunks(batch: Batch, row_calls: np.ndarray) -> list[tuple[np.ndarray, 
         entries = np.argsort(buf.astype(small), kind="stable").astype(np.int64)  # radix sort up to 16 bits
     per = np.concatenate(([0], np.cumsum(batch.delta_len[row_calls[entries]] + 1)))
     bounds = np.searchsorted(buf[entries], np.arange(len(batch.tokens) + 1), side="left")
+    return entries, _buffer_chunks(per, bounds)
+
+
+def _buffer_chunks(weight_off: np.ndarray, bounds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per buffer k, whose items are bounds[k]:bounds[k + 1]: chunks over its items of about
+    equal weight (``weight_off``: cumulative weight per item, +1 each so none weighs 0) and the
+    cumulative weight at each chunk bound, what :class:`threads.Step` takes."""
     out = []
     for a, b in zip(bounds[:-1], bounds[1:]):
-        chunks = balanced_chunks(per[a:b + 1] - per[a]) + a
-        out.append((entries, chunks, per[chunks]))
+        chunks = balanced_chunks(weight_off[a:b + 1] - weight_off[a]) + a
+        out.append((chunks, weight_off[chunks]))
     return out
 
 
@@ -345,8 +347,9 @@ def _gather(b: Batch, chunks: np.ndarray, dec: Decisions, options: Options,
     ro_calls, ro_dst = readonly(row_calls), readonly(call_dst)
     stream_bytes = stream_from(input_ids.nbytes)  # logprobs: as many bytes
     steps = []
-    for k, (entries, copy_chunks, weight_off) in enumerate(_copy_chunks(b, row_calls)):
-        entries = readonly(entries)
+    entries, buffer_chunks = _copy_chunks(b, row_calls)
+    entries = readonly(entries)
+    for k, (copy_chunks, weight_off) in enumerate(buffer_chunks):
         if status is None:
             calls = [(copy_deltas, (entries, ro_calls, ro_dst, b.tok_start, b.delta_len, b.tokens[k], input_ids,
                                     stream_bytes))]
