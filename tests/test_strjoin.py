@@ -125,8 +125,8 @@ def _hashes(soff, data, out):
 
 @pytest.mark.parametrize("string_type", [pa.string(), pa.large_string()])
 def test_byte_comparison_and_hash_of_strings_one_byte_apart(string_type):
-    # the table compares bytes only when two hashes share their top 32 bits, which no random
-    # case reaches: the comparison itself on every pair, each string stored twice
+    # the tables compare bytes after a 32-bit tag match: equal strings always, different ones
+    # (a tag collision) in no random case: the comparison itself on every pair, each string twice
     ids = NEAR_MISSES + NEAR_MISSES[::-1]
     soff, data, _ = string_parts(pa.array(["pad"] + ids, string_type).slice(1))
     same = np.zeros((len(ids), len(ids)), dtype=np.bool_)

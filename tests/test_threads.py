@@ -77,6 +77,22 @@ def test_step_parts_cover_every_chunk_once_in_order_and_even_out_the_weight(weig
         assert max(part_w) <= sum(chunk_w) / len(split) + max(chunk_w)
 
 
+@given(sizes=st.lists(st.integers(0, 12), min_size=1, max_size=6), n_threads=st.integers(1, 5))
+def test_step_parts_of_equal_weights_use_every_thread_evenly(sizes, n_threads):
+    steps = [Step(np.arange(n + 1, dtype=np.int64), np.arange(n + 1, dtype=np.int64), ()) for n in sizes]
+    split = step_parts(steps, n_threads)
+    chunks_per_part = [sum(b - a for _, a, b in ranges) for ranges in split]
+    assert len(split) == min(n_threads, sum(sizes))
+    assert not chunks_per_part or max(chunks_per_part) - min(chunks_per_part) <= 1
+
+
+def test_step_parts_skip_steps_without_chunks():
+    empty = np.zeros(0, dtype=np.int64)
+    steps = [Step(empty, empty, ()), Step(np.array([0]), np.array([0]), ()), Step(np.array([0, 4]), np.array([0, 4]), ())]
+    assert step_parts(steps, 2) == [[(2, 0, 1)]]
+    assert step_parts(steps[:2], 2) == []
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_run_steps_runs_each_steps_calls_in_order_over_every_item_once(threads):
     if threads > numba.config.NUMBA_NUM_THREADS:

@@ -85,7 +85,7 @@ def step_parts(steps: list[Step], n_threads: int) -> list[list[tuple[int, int, i
     """The chunks of all ``steps``, in order, cut into at most ``n_threads`` contiguous parts of
     about equal weight (cuts fall on chunk bounds): per part, its (step, first chunk bound, last
     chunk bound) ranges, in step order, none empty."""
-    sizes = [len(s.chunks) - 1 for s in steps]
+    sizes = [max(len(s.chunks) - 1, 0) for s in steps]
     total = sum(sizes)
     if total <= 0:
         return []
@@ -107,9 +107,11 @@ def run_steps(steps: list[Step]) -> None:
     the chunks of all steps split by :func:`step_parts`, one part per thread, each thread doing
     its ranges step by step, a range's calls in order. One wait for all, where :func:`run` per
     kernel and step would wait after each (tens of waits for one gather, each on its slowest
-    part). Within a range a call sees what the calls before it wrote for the same chunks;
-    across ranges the calls must write disjoint outputs, or the same value, as for :func:`run`.
-    An error in any part is raised after every part has stopped."""
+    part). Within a range a call sees what the calls before it wrote for the same chunks.
+    Ranges on different threads run at the same time: an output two of them write must come
+    out right in any interleaving of their writes (disjoint outputs do; the row copy's checks
+    argue their own, chainrows.engine.gather.copy_check_logprobs). An error in any part is
+    raised after every part has run to its end."""
     split = step_parts(steps, numba.get_num_threads())
 
     def do(ranges):
