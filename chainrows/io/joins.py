@@ -25,6 +25,7 @@ from chainrows.engine.chunks import balanced_chunks, even_chunks
 from chainrows.engine.dense import group_order
 from chainrows.engine.strjoin import index_groups, join_groups, new_tables, probe_groups, table_offsets
 from chainrows.engine.threads import run
+from chainrows.engine.tokrows import token_rows
 from chainrows.io.arrays import (
     list_offsets, offsets_from_lengths, one_chunk, range_index, string_parts,
 )
@@ -210,28 +211,13 @@ class TokenJoin:
 
 def join_tokens(calls: CallJoin, n_calls: int, buffers) -> TokenJoin:
     """``buffers``: a future of :func:`token_buffers` (made while the ids were joined)."""
-    t_call = calls.of_token
-    matched = t_call >= 0
-    duplicated = np.bincount(t_call[matched], minlength=n_calls) > 1
-    tok_row = np.full(n_calls, -1, dtype=np.int64)
-    tok_row[t_call[matched]] = np.flatnonzero(matched)
-    # a call with several rows at the row it kept
-    kept = np.zeros(len(t_call), dtype=bool)
-    kept[tok_row[tok_row >= 0]] = True
     buf: TokenBuffers = buffers.result()
-    has = tok_row >= 0
-    chunk = np.zeros(n_calls, dtype=np.int64)
-    chunk[has] = buf.row_chunk[tok_row[has]]
-    start, stop = _gather_ranges(tok_row, buf.tok_start, buf.tok_stop)
-    if buf.logprobs is not None:
-        lp_start, lp_stop = _gather_ranges(tok_row, buf.lp_start, buf.lp_stop)
-        logprobs = buf.logprobs
-    else:
-        lp_start = np.full(n_calls, NO_TOKENS, dtype=np.int64)
-        lp_stop = lp_start.copy()
-        logprobs = tuple(np.zeros(0, dtype=np.float32) for _ in buf.tokens)
-    return TokenJoin(chunk, start, stop, buf.tokens, duplicated, t_call[kept], buf.logprobs is not None,
-                     lp_start, lp_stop, logprobs, int((~matched).sum()))
+    rows = token_rows(calls.of_token, n_calls, buf.row_chunk, buf.tok_start, buf.tok_stop, buf.lp_start,
+                      buf.lp_stop)
+    has_logprobs = buf.logprobs is not None
+    logprobs = buf.logprobs if has_logprobs else tuple(np.zeros(0, dtype=np.float32) for _ in buf.tokens)
+    return TokenJoin(rows.chunk, rows.start, rows.stop, buf.tokens, rows.duplicated, rows.order, has_logprobs,
+                     rows.lp_start, rows.lp_stop, logprobs, rows.orphan_rows)
 
 
 class Records:
@@ -492,15 +478,6 @@ def _list_parts(col, null_is_empty=True):
             starts[null] = NO_TOKENS
             stops[null] = NO_TOKENS
     return starts, stops, arr.values
-
-
-def _gather_ranges(row, starts, stops):
-    has = row >= 0
-    s = np.full(len(row), NO_TOKENS, dtype=np.int64)
-    e = np.full(len(row), NO_TOKENS, dtype=np.int64)
-    s[has] = starts[row[has]]
-    e[has] = stops[row[has]]
-    return s, e
 
 
 def column_values(arr, dtype, table, column) -> np.ndarray:
