@@ -113,55 +113,33 @@ def test_run_steps_runs_each_steps_calls_in_order_over_every_item_once(threads):
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 threads")
-def test_run_steps_splits_across_steps_and_an_error_waits_for_the_other_part():
+@pytest.mark.parametrize("how", ["run", "run_steps"])
+def test_parts_run_on_two_threads_and_an_error_waits_for_the_others(how):
+    """run: chunks [0, 3, 6, 9] in parts (0, 3) and (3, 9); run_steps: two steps of equal weight,
+    one whole step per thread. The first part fails while the second still runs."""
     before = numba.get_num_threads()
     numba.set_num_threads(2)
     seen, done = [], threading.Event()
 
     def kernel(chunks, step):
         seen.append((threading.get_ident(), step, int(chunks[0]), int(chunks[-1])))
-        if step == 0:
-            raise ValueError("first step fails")
-        done.wait(5)
-        seen.append("second part finished")
-
-    try:
-        threading.Timer(0.2, done.set).start()
-        steps = [Step(np.array([0, 2, 4]), np.array([0, 1, 2]), ((kernel, (0,)),)),
-                 Step(np.array([0, 3, 6]), np.array([0, 1, 2]), ((kernel, (1,)),))]
-        with pytest.raises(ValueError, match="first step fails"):
-            run_steps(steps)
-        assert seen[-1] == "second part finished"
-        parts_seen = sorted((s for s in seen if isinstance(s, tuple)), key=lambda s: s[1])
-        assert [(k, a, b) for _, k, a, b in parts_seen] == [(0, 0, 4), (1, 0, 6)]  # one whole step each
-        assert parts_seen[0][0] != parts_seen[1][0]
-    finally:
-        numba.set_num_threads(before)
-
-
-@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 threads")
-def test_parts_run_on_two_threads_and_an_error_waits_for_the_others():
-    before = numba.get_num_threads()
-    numba.set_num_threads(2)
-    seen, done = [], threading.Event()
-
-    def kernel(chunks, _):
-        seen.append((threading.get_ident(), int(chunks[0]), int(chunks[-1])))
-        if chunks[0] == 0:
+        if step == 0 or (step is None and chunks[0] == 0):
             raise ValueError("first part fails")
         done.wait(5)  # the other part still runs when the first has failed
         seen.append("second part finished")
 
-    def finish_later():
-        threading.Timer(0.2, done.set).start()
-
     try:
-        finish_later()
+        threading.Timer(0.2, done.set).start()
         with pytest.raises(ValueError, match="first part fails"):
-            run(kernel, np.array([0, 3, 6, 9], dtype=np.int64), None)
-        assert seen[-1] == "second part finished"  # run returned only after it
-        starts = sorted((s for s in seen if isinstance(s, tuple)), key=lambda s: s[1])
-        assert [(a, b) for _, a, b in starts] == [(0, 3), (3, 9)]
+            if how == "run":
+                run(kernel, np.array([0, 3, 6, 9], dtype=np.int64), None)
+            else:
+                run_steps([Step(np.array([0, 2, 4]), np.array([0, 1, 2]), ((kernel, (0,)),)),
+                           Step(np.array([0, 3, 6]), np.array([0, 1, 2]), ((kernel, (1,)),))])
+        assert seen[-1] == "second part finished"  # returned only after it
+        starts = [s for s in seen if isinstance(s, tuple)]
+        expected = {(None, 0, 3), (None, 3, 9)} if how == "run" else {(0, 0, 4), (1, 0, 6)}
+        assert len(starts) == 2 and {(k, a, b) for _, k, a, b in starts} == expected
         assert starts[0][0] != starts[1][0]  # two threads
     finally:
         numba.set_num_threads(before)
