@@ -1,4 +1,4 @@
-"""Kernel: each call's token row, in one pass over the token rows and one over the calls.
+"""Kernel: each call's token row, in two passes over the token rows and two over the calls.
 
 A tokens table names its call per row (``of_token``: the call index, negative for a row that
 names no call of the batch). :func:`token_rows` gives each call the last row naming it, that
