@@ -14,8 +14,7 @@ from chainrows.engine.tokrows import token_rows, token_rows_py
 
 
 def _as_lists(rows) -> dict:
-    return {f.name: (v.tolist() if isinstance(v, np.ndarray) else v)
-            for f in dataclasses.fields(rows) for v in [getattr(rows, f.name)]}
+    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in dataclasses.asdict(rows).items()}
 
 
 @st.composite

@@ -90,17 +90,15 @@ def token_rows(of_token: np.ndarray, n_calls: int, row_chunk: np.ndarray, tok_st
     logprob ranges None without a logprobs column: NO_TOKENS for every call)."""
     of_token = np.ascontiguousarray(of_token, dtype=np.int64)
     has_lp = lp_start is not None
-    per_row = [row_chunk, tok_start, tok_stop] + ([lp_start, lp_stop] if has_lp else [])
-    if any(len(a) != len(of_token) for a in per_row) or (len(of_token) and int(of_token.max()) >= n_calls):
+    given = (row_chunk, tok_start, tok_stop) + ((lp_start, lp_stop) if has_lp else ())
+    if any(len(a) != len(of_token) for a in given) or (len(of_token) and int(of_token.max()) >= n_calls):
         raise AssertionError("token_rows: per-row arrays disagree with the rows or name no call")
-    per_row = [np.ascontiguousarray(a, dtype=np.int64) for a in per_row]
-    if not has_lp:
-        per_row += [np.zeros(0, dtype=np.int64)] * 2
-    outs = [np.empty(n_calls, dtype=np.int64) for _ in range(6)]
+    row_chunk, tok_start, tok_stop, lp_start, lp_stop = (
+        np.ascontiguousarray(a, dtype=np.int64) for a in given + (() if has_lp else (np.zeros(0),) * 2))
+    tok_row, chunk, start, stop, out_lp_start, out_lp_stop, order = (np.empty(n_calls, dtype=np.int64)
+                                                                     for _ in range(7))
     duplicated = np.empty(n_calls, dtype=bool)
-    order = np.empty(n_calls, dtype=np.int64)
-    tok_row, chunk, start, stop, out_lp_start, out_lp_stop = outs
-    n, orphans = _token_rows(of_token, per_row[0], per_row[1], per_row[2], has_lp, per_row[3], per_row[4],
+    n, orphans = _token_rows(of_token, row_chunk, tok_start, tok_stop, has_lp, lp_start, lp_stop,
                              tok_row, duplicated, chunk, start, stop, out_lp_start, out_lp_stop, order)
     return TokenRows(duplicated, chunk, start, stop, out_lp_start, out_lp_stop, order[:n].copy(), int(orphans))
 
