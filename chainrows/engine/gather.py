@@ -13,6 +13,7 @@ each copied call (verify.py), run on the delta while the copy has it in cache.
 
 from __future__ import annotations
 
+import numpy as np
 
 from chainrows.engine._jit import jit
 from chainrows.engine.streamcopy import copy_run, store_fence
@@ -148,9 +149,10 @@ def copy_check_logprobs(chunks, entries, row_calls, call_dst, delta_len, gen_len
     status is the hash check's one value or, once that read 0, the logprob check's one value,
     and each thread writes the hash's before it reads: the last write is the logprob check's
     whenever the hash passed and the logprobs did not."""
+    logprob_bits = logprobs.view(np.uint32)
     for kk in range(len(chunks) - 1):
         for j in range(chunks[kk], chunks[kk + 1]):
             c = _copy_entry(entries[j], row_calls, call_dst, lp_start, delta_len, logprobs, out, stream_bytes)
             if status[c] == 0:
-                status[c] = check_logprobs(c, gen_len, lp_start, lp_stop, logprobs)
+                status[c] = check_logprobs(c, gen_len, lp_start, lp_stop, logprob_bits)
     store_fence()

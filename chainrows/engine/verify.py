@@ -103,26 +103,27 @@ def check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens
 
 @jit(inline="always")
 def _max_abs_bits(seg):
-    """Max over float32 values of their bits with the sign cleared, read as uint32: some value
-    is non-finite iff it is >= 0x7F800000 (all-ones exponent), some is nonzero iff it is > 0
-    (-0.0 counts as zero, as ``x != 0.0`` has it). An integer max over a slice view vectorises;
-    bool |= over logprobs[start + i] did not (9.7 vs 12.5 GB/s in cache, and 4.6 with the
-    direct indexing, which Numba's negative-index wraparound keeps scalar)."""
-    u = seg.view(np.uint32)
+    """Max over float32 bits (``seg``: uint32) with the sign cleared: some value is non-finite
+    iff it is >= 0x7F800000 (all-ones exponent), some is nonzero iff it is > 0 (-0.0 counts as
+    zero, as ``x != 0.0`` has it). An integer max over a slice vectorises; bool |= over
+    logprobs[start + i] did not (9.7 vs 12.5 GB/s in cache, and 4.6 with the direct indexing,
+    which Numba's negative-index wraparound keeps scalar)."""
     mx = np.uint32(0)
-    for i in range(len(u)):
-        mx = max(mx, np.uint32(u[i] & np.uint32(0x7FFFFFFF)))
+    for i in range(len(seg)):
+        mx = max(mx, np.uint32(seg[i] & np.uint32(0x7FFFFFFF)))
     return mx
 
 
 @jit(inline="always")
-def check_logprobs(c, gen_len, lp_start, lp_stop, logprobs):
-    """Check 15: finite logprobs, 0.0 on the carry."""
+def check_logprobs(c, gen_len, lp_start, lp_stop, logprob_bits):
+    """Check 15: finite logprobs, 0.0 on the carry. ``logprob_bits``: the float32 logprob
+    buffer viewed as uint32, once per kernel (``logprobs.view(np.uint32)``): a view per call
+    cost more than the check on short calls (docs/decisions-engine.md "Checks in the copy")."""
     a = lp_start[c]
     b = lp_stop[c]
     m = b - gen_len[c]
-    carry = _max_abs_bits(logprobs[a:m])
-    if max(carry, _max_abs_bits(logprobs[m:b])) >= np.uint32(0x7F800000):
+    carry = _max_abs_bits(logprob_bits[a:m])
+    if max(carry, _max_abs_bits(logprob_bits[m:b])) >= np.uint32(0x7F800000):
         return D_LOGPROB_NONFINITE
     if carry != 0:
         return D_LOGPROB_CARRY
@@ -155,11 +156,12 @@ def data_checks(chunks, tok_order, need, parent, chain_hash, integrity_bad, gen_
             if need[c] and _data_ranges_ok(c, gen_len, tok_start, tok_stop, has_logprobs, lp_start, lp_stop):
                 status[c] = check_hash(c, parent, chain_hash, integrity_bad, tok_start, tok_stop, tokens)
         if has_logprobs:
+            logprob_bits = logprobs.view(np.uint32)
             for j in range(chunks[kk], chunks[kk + 1]):
                 c = tok_order[j]
                 if need[c] and status[c] == 0 and _data_ranges_ok(c, gen_len, tok_start, tok_stop,
                                                                    has_logprobs, lp_start, lp_stop):
-                    status[c] = check_logprobs(c, gen_len, lp_start, lp_stop, logprobs)
+                    status[c] = check_logprobs(c, gen_len, lp_start, lp_stop, logprob_bits)
 
 
 @jit
