@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -342,11 +343,39 @@ def _has_strings(t: pa.DataType) -> bool:
 
 
 def _valid_utf8(arr: pa.Array) -> bool:
+    """What ``arr.validate(full=True)`` says of a string-holding array, by its quick way when
+    that can only say yes: sound offsets over bytes all below 0x80 (ASCII is valid UTF-8 however
+    it is cut into strings). Arrow's full validation looks at each string in turn: ~20 ns a string,
+    0.26 s for the 13 M ids of 3.85 M calls, against ~0.04 s for this byte scan."""
+    if _is_plain_strings(arr.type) and _ascii_strings(arr):
+        return True
     try:
         arr.validate(full=True)  # checks offsets and, for string data, UTF-8
     except (pa.ArrowInvalid, pa.ArrowIndexError):
         return False
     return True
+
+
+def _is_plain_strings(t: pa.DataType) -> bool:
+    """string or large_string, or a list or large_list of those (nested any depth)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _is_plain_strings(t.value_type)
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _ascii_strings(arr: pa.Array) -> bool:
+    """A :func:`_is_plain_strings` array whose offsets are sound (:func:`_offsets_ok`) and whose
+    strings' bytes are all below 0x80. A list's values are looked at whole, whatever part of
+    them the list reaches, as Arrow's full validation looks at them."""
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        return (len(arr) == 0 or _list_offsets_ok(arr)) and _ascii_strings(arr.values)
+    if not _offsets_ok(arr):
+        return False
+    if len(arr) == 0:
+        return True
+    off = offsets_view(arr.buffers()[1], pa.types.is_large_string(arr.type), arr.offset, len(arr))
+    lo, hi = int(off[0]), int(off[-1])
+    return hi == lo or int(np.frombuffer(arr.buffers()[2], dtype=np.uint8, count=hi - lo, offset=lo).max()) < 0x80
 
 
 def _first_invalid(arr: pa.Array) -> int:

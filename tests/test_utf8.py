@@ -1,0 +1,90 @@
+"""The UTF-8 check's quick way (sound offsets over ASCII bytes) answers as Arrow's full
+validation does, on strings, large strings and lists of them, sliced or not, with bytes that
+are ASCII, other UTF-8 or not UTF-8, and with offsets that fall or leave their bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chainrows.io import dataset as dsmod
+
+PIECES = [b"a", b"call-7", b"", b"\xc3\xa9", b"\xe2\x82\xac", b"\xff", b"\xc3", b"\x80", b"\xed\xa0\x80"]
+
+
+def _full(arr: pa.Array) -> bool:
+    try:
+        arr.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowIndexError):
+        return False
+    return True
+
+
+def _strings(draw, n: int, large: bool) -> pa.Array:
+    """``n`` strings (some null) built from buffers, so the bytes need not be UTF-8 and, now
+    and then, the middle offsets fall or one leaves the bytes."""
+    values = [b"".join(draw(st.lists(st.sampled_from(PIECES), max_size=4))) for _ in range(n)]
+    valid = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    dtype = np.int64 if large else np.int32
+    off = np.zeros(n + 1, dtype=dtype)
+    np.cumsum([len(v) for v in values], out=off[1:])
+    data = b"".join(values)
+    fault = draw(st.sampled_from(["none"] * 6 + ["fall", "outside"]))
+    if fault == "fall" and n >= 3:
+        off[1:n] = off[1:n][::-1].copy()
+    elif fault == "outside" and n >= 2:
+        off[n // 2] = len(data) + 5  # Arrow's quick validation checks only the end offsets
+    mask = None if all(valid) else pa.py_buffer(np.packbits(np.array(valid, bool), bitorder="little").tobytes())
+    t = pa.large_string() if large else pa.string()
+    return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(off.tobytes()), pa.py_buffer(data)],
+                                 null_count=n - sum(valid))
+
+
+@st.composite
+def string_arrays(draw):
+    n = draw(st.integers(0, 12))
+    arr = _strings(draw, n, large=draw(st.booleans()))
+    if draw(st.booleans()) and n:  # a list over the strings
+        cuts = sorted(draw(st.lists(st.integers(0, n), min_size=2, max_size=6)))
+        lists = pa.ListArray.from_arrays(pa.array(cuts, pa.int32()), arr)
+        arr = lists
+    if draw(st.booleans()) and len(arr):
+        start = draw(st.integers(0, len(arr) - 1))
+        arr = arr.slice(start, draw(st.integers(0, len(arr) - start)))
+    return arr
+
+
+@settings(max_examples=400, deadline=None)
+@given(string_arrays())
+def test_quick_utf8_check_answers_as_full_validation(arr):
+    try:
+        arr.validate()  # normalize runs the quick validation before any UTF-8 check
+    except (pa.ArrowInvalid, pa.ArrowIndexError):
+        return
+    assert dsmod._valid_utf8(arr) == _full(arr)
+
+
+def test_quick_way_is_taken_for_ascii_and_only_for_it():
+    """ASCII strings pass without Arrow's full validation; other UTF-8 goes on to it."""
+    ascii_ids = pa.array(["call-1", "r-2", None])
+    ascii_lists = pa.array([["a", "b"], None, []], pa.list_(pa.string()))
+    assert dsmod._ascii_strings(ascii_ids) and dsmod._ascii_strings(ascii_lists)
+    assert dsmod._ascii_strings(pa.array(["caf\u00e9", "x"]).slice(1))  # the slice's bytes only
+    accented = pa.array(["call-1", "caf\u00e9"])
+    assert not dsmod._ascii_strings(accented) and dsmod._valid_utf8(accented)
+    assert not dsmod._ascii_strings(pa.array([["x"], ["\u20ac"]]).slice(0, 1))  # a list's values whole
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_first_invalid_finds_the_string_among_ascii_ones(large):
+    """The bisection that names the row runs the quick way on every half: an ASCII half passes,
+    the half with the bad string does not."""
+    vals = [b"id-%d" % i for i in range(37)]
+    vals[23] = b"id-\xff"
+    b = pa.array(vals, pa.large_binary() if large else pa.binary())
+    arr = pa.Array.from_buffers(pa.large_string() if large else pa.string(), len(b), b.buffers())
+    assert not dsmod._valid_utf8(arr)
+    assert dsmod._first_invalid(arr) == 23
