@@ -6,7 +6,9 @@ then capture order, so a call's global index orders capture within its rollout. 
 sentinels: ``ROOT`` (-1) for no parent / not given, ``MISSING`` (-2) for an id that names no
 call of the rollout.
 
-Every kernel assumes ``Batch.validate()`` passed: Numba does no bounds checks.
+Every kernel assumes ``Batch.validate()`` passed: Numba does no bounds checks. Its checks that
+pass over every call are kernels too (``chainrows.engine.indexcheck``), each run only on what
+the checks before it made safe to read.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+
+from chainrows.engine.indexcheck import (
+    ORDER_NOT_BY_BUFFER, ORDER_NOT_ONCE, ORDER_OK, ORDER_OUTSIDE, first_bad_range, first_outside_owner,
+    lengths_match, order_problem,
+)
 
 ROOT = -1  # parent_id null; terminal_response_id null
 MISSING = -2  # an id that names no call of the rollout
@@ -115,19 +122,17 @@ class Batch:
         # id codes index the outputs (select.serving_index, its lookup of a window's served id)
         _check_codes("out_ids", self.out_ids, -1, len(self.out_keys))
         _check_codes("item_ids", self.item_ids, NO_OUTPUT, len(self.out_keys))
-        owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.call_off))
-        _check_same_rollout("parent", self.parent, owner, self.call_off, allow=(ROOT, MISSING))
-        _check_same_rollout("terminal", self.terminal, np.arange(R), self.call_off, allow=(ROOT, MISSING))
-        acc_owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.acc_off))
-        _check_same_rollout("acc_call", self.acc_call, acc_owner, self.call_off, allow=(MISSING,))
-        cand_owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(self.cand_off))
-        _check_same_rollout("cand_call", self.cand_call, cand_owner, self.call_off, allow=())
-        if np.any(self.cand_len != (self.key_off[self.cand_call + 1] - self.key_off[self.cand_call])):
+        _check_same_rollout("parent", self.parent, self.call_off, self.call_off, allow=(ROOT, MISSING))
+        _check_same_rollout("terminal", self.terminal, np.arange(R + 1, dtype=np.int64), self.call_off,
+                            allow=(ROOT, MISSING))
+        _check_same_rollout("acc_call", self.acc_call, self.acc_off, self.call_off, allow=(MISSING,))
+        _check_same_rollout("cand_call", self.cand_call, self.cand_off, self.call_off, allow=())
+        if not lengths_match(readonly(self.cand_len), readonly(self.cand_call), readonly(self.key_off)):
             raise ValueError("cand_len: differs from the call's item count")
         _check_buffers(self)
         _check_ranges("tok", self.tok_start, self.tok_stop, self.tok_chunk, [len(t) for t in self.tokens])
         _check_ranges("lp", self.lp_start, self.lp_stop, self.tok_chunk, [len(t) for t in self.logprobs])
-        _check_order(self.tok_order, self.tok_start, self.tok_chunk, C)
+        _check_order(self.tok_order, self.tok_start, self.tok_chunk)
         if len(self.group) and (self.group.min() < 0 or self.group.max() >= R):
             raise ValueError("group: index outside [0, num_rollouts)")
 
@@ -190,31 +195,32 @@ def _check_offsets(name, off, total, owners=None) -> None:
         raise ValueError(f"{name}: offsets decrease")
 
 
-def _check_same_rollout(name, idx, owner, call_off, allow) -> None:
-    """Every index is an allowed sentinel or a call of the owner's rollout."""
-    ok = (idx >= call_off[owner]) & (idx < call_off[owner + 1])
-    for sentinel in allow:
-        ok |= idx == sentinel
-    if not ok.all():
-        first = idx[np.argmin(ok)]
-        raise ValueError(f"{name}: index outside its rollout's calls" if first >= 0
+def _check_same_rollout(name, idx, idx_off, call_off, allow) -> None:
+    """Every index is an allowed sentinel or a call of its owner's rollout (owner r holds
+    ``idx[idx_off[r]:idx_off[r + 1]]``; both offsets checked before)."""
+    i = first_outside_owner(readonly(idx), readonly(idx_off), readonly(call_off),
+                            readonly(np.array(allow, dtype=np.int64)))
+    if i >= 0:
+        raise ValueError(f"{name}: index outside its rollout's calls" if idx[i] >= 0
                          else f"{name}: invalid sentinel")
 
 
-def _check_order(order, tok_start, tok_chunk, C) -> None:
+_ORDER_ERRORS = {
+    ORDER_OUTSIDE: "tok_order: index outside [0, num_calls)",
+    ORDER_NOT_BY_BUFFER: "tok_order: must list the calls buffer by buffer (tok_chunk non-decreasing)",
+    ORDER_NOT_ONCE: "tok_order: must list every call with a token row exactly once",
+}
+
+
+def _check_order(order, tok_start, tok_chunk) -> None:
     """tok_order lists each call with a token row exactly once, by buffer (the order within a
     buffer is free: it only decides which memory the data checks read first)."""
-    if len(order) and (order.min() < 0 or order.max() >= C):
-        raise ValueError("tok_order: index outside [0, num_calls)")
-    if np.any(np.diff(tok_chunk[order]) < 0):
-        raise ValueError("tok_order: must list the calls buffer by buffer (tok_chunk non-decreasing)")
-    seen = np.bincount(order, minlength=C)
-    if np.any(seen > 1) or np.any(seen[tok_start != NO_TOKENS] != 1):
-        raise ValueError("tok_order: must list every call with a token row exactly once")
+    problem = order_problem(readonly(order), readonly(tok_start), readonly(tok_chunk), NO_TOKENS)
+    if problem != ORDER_OK:
+        raise ValueError(_ORDER_ERRORS[problem])
 
 
 def _check_ranges(name, start, stop, chunk, sizes) -> None:
-    size = np.asarray(sizes, dtype=np.int64)[chunk]
-    bad = (start != NO_TOKENS) & ((start < 0) | (stop < start) | (stop > size))
-    if bad.any():
+    if first_bad_range(readonly(start), readonly(stop), readonly(chunk), readonly(np.asarray(sizes, dtype=np.int64)),
+                       NO_TOKENS) >= 0:
         raise ValueError(f"{name}_start/{name}_stop: range outside the buffer")
