@@ -209,3 +209,24 @@ def test_the_run_warm_up_loads_the_regather_kernels():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     copy, copy_hash, copy_lp, checks = map(int, out.split())
     assert copy == 2 and copy_hash == 1 and copy_lp == 1 and checks == 1, out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_copy_order_matches_its_definition(data):
+    """The counting sort that orders the copies by buffer: stable, with each buffer's bounds
+    and the running copy cost, as its plain-Python definition has them."""
+    from chainrows.engine.gather import copy_order, copy_order_py
+
+    draw = data.draw
+    n_buffers = draw(st.integers(1, 4))
+    C = draw(st.integers(1, 8))
+    tok_chunk = np.array(draw(st.lists(st.integers(0, n_buffers - 1), min_size=C, max_size=C)), dtype=np.int64)
+    delta_len = np.array(draw(st.lists(st.integers(0, 50), min_size=C, max_size=C)), dtype=np.int64)
+    row_calls = np.array(draw(st.lists(st.integers(0, C - 1), max_size=12)), dtype=np.int64)  # a call may repeat
+    entries = np.empty(len(row_calls), dtype=np.int64)
+    weight_off = np.empty(len(row_calls) + 1, dtype=np.int64)
+    bounds = np.zeros(n_buffers + 1, dtype=np.int64)
+    copy_order(row_calls, tok_chunk, delta_len, entries, weight_off, bounds)
+    want = copy_order_py(row_calls, tok_chunk, delta_len, n_buffers)
+    assert (entries.tolist(), weight_off.tolist(), bounds.tolist()) == want

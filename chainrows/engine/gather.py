@@ -98,6 +98,41 @@ def fill_rows(chunks, ok, placeholders, row_off, tok_off, call_row_off, sel_off,
                 t += d
 
 
+@jit
+def copy_order(row_calls, tok_chunk, delta_len, entries, weight_off, bounds):
+    """The order the copies visit the listed calls in: ``entries`` the positions m of
+    ``row_calls`` sorted by the buffer of their delta (``tok_chunk[row_calls[m]]``), stably;
+    ``bounds[k]:bounds[k + 1]`` the entries of buffer k; ``weight_off`` = [0] + the running sum
+    of ``delta_len[row_calls[entries[j]]] + 1`` (a copy's cost, +1 so none weighs 0).
+
+    ``entries`` int64[E], ``weight_off`` int64[E + 1], ``bounds`` int64[n_buffers + 1], zero on
+    entry. Every ``row_calls[m]`` is a call, every ``tok_chunk[c]`` in ``[0, n_buffers)``.
+    A counting sort: numpy's stable argsort plus the gathers and sum took ~0.09 s for 3.2 M
+    entries, all of it on the main thread."""
+    for m in range(len(row_calls)):
+        bounds[tok_chunk[row_calls[m]] + 1] += 1
+    for k in range(1, len(bounds)):
+        bounds[k] += bounds[k - 1]
+    fill = bounds[:-1].copy()
+    for m in range(len(row_calls)):
+        k = tok_chunk[row_calls[m]]
+        entries[fill[k]] = m
+        fill[k] += 1
+    weight_off[0] = 0
+    for j in range(len(entries)):
+        weight_off[j + 1] = weight_off[j] + delta_len[row_calls[entries[j]]] + 1
+
+
+def copy_order_py(row_calls, tok_chunk, delta_len, n_buffers):
+    """Plain-Python :func:`copy_order`: (entries, weight_off, bounds) as lists."""
+    entries = sorted(range(len(row_calls)), key=lambda m: tok_chunk[row_calls[m]])  # sorted() is stable
+    weight_off = [0]
+    for m in entries:
+        weight_off.append(weight_off[-1] + int(delta_len[row_calls[m]]) + 1)
+    bounds = [sum(1 for m in entries if tok_chunk[row_calls[m]] < k) for k in range(n_buffers + 1)]
+    return entries, weight_off, bounds
+
+
 @jit(inline="always")
 def _copy_entry(m, row_calls, call_dst, src_start, delta_len, src, dst, stream_bytes):
     """Copy the delta of listed call m (c = row_calls[m]) to its place in the rows; returns c.

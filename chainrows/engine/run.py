@@ -19,7 +19,7 @@ from chainrows.engine.checks import rollout_checks
 from chainrows.engine.chunks import balanced_chunks
 from chainrows.engine.cut import cut_chains, forest_chains, terminal_chain
 from chainrows.engine.gather import (
-    copy_check_logprobs, copy_deltas, copy_hash_deltas, fill_rows, row_sizes,
+    copy_check_logprobs, copy_deltas, copy_hash_deltas, copy_order, fill_rows, row_sizes,
 )
 from chainrows.engine import select
 from chainrows.engine.select import select_calls, serving_index
@@ -102,16 +102,12 @@ def _order_chunks(batch: Batch) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def _copy_chunks(batch: Batch, row_calls: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """(entries: the positions of row_calls sorted by the buffer of their call's delta,
-    :func:`_buffer_chunks` over entries weighed by delta length)."""
-    buf = batch.tok_chunk[row_calls]
-    if len(batch.tokens) == 1:
-        entries = np.arange(len(row_calls), dtype=np.int64)
-    else:
-        small = np.uint8 if len(batch.tokens) <= 255 else np.uint16 if len(batch.tokens) <= 65535 else np.int64
-        entries = np.argsort(buf.astype(small), kind="stable").astype(np.int64)  # radix sort up to 16 bits
-    per = np.concatenate(([0], np.cumsum(batch.delta_len[row_calls[entries]] + 1)))
-    bounds = np.searchsorted(buf[entries], np.arange(len(batch.tokens) + 1), side="left")
-    return entries, _buffer_chunks(per, bounds)
+    :func:`_buffer_chunks` over entries weighed by delta length): ``gather.copy_order``."""
+    entries = np.empty(len(row_calls), dtype=np.int64)
+    weight_off = np.empty(len(row_calls) + 1, dtype=np.int64)
+    bounds = np.zeros(len(batch.tokens) + 1, dtype=np.int64)
+    copy_order(readonly(row_calls), batch.tok_chunk, batch.delta_len, entries, weight_off, bounds)
+    return entries, _buffer_chunks(weight_off, bounds)
 
 
 def _buffer_chunks(weight_off: np.ndarray, bounds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
