@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -168,3 +169,15 @@ def test_serving_index_matches_its_plain_definition(slots):
     off, calls = serving_index(key_off, item_ids, 7)
     want = [[c for c, s in enumerate(slots) for k in s if k == code] for code in range(7)]
     assert [calls[off[k]:off[k + 1]].tolist() for k in range(7)] == want
+
+
+def test_serving_index_refuses_a_code_past_the_outputs():
+    """A code at or past n_out is refused before anything is written at it (the kernel has no
+    bounds checks); Batch.validate refuses such a batch first, this is the kernel's own guard."""
+    from chainrows.engine.select import serving_index
+
+    key_off = np.array([0, 2, 3], dtype=np.int64)
+    with pytest.raises(AssertionError, match="outside the outputs"):
+        serving_index(key_off, np.array([0, 1, 7], dtype=np.int64), 7)
+    off, calls = serving_index(key_off, np.array([0, 1, 6], dtype=np.int64), 7)
+    assert calls.tolist() == [0, 0, 1] and off.tolist() == [0, 1, 2, 2, 2, 2, 2, 3]
