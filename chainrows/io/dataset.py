@@ -343,10 +343,10 @@ def _has_strings(t: pa.DataType) -> bool:
 
 
 def _valid_utf8(arr: pa.Array) -> bool:
-    """What ``arr.validate(full=True)`` says of a string-holding array, by its quick way when
-    that can only say yes: sound offsets over bytes all below 0x80 (ASCII is valid UTF-8 however
-    it is cut into strings). Arrow's full validation looks at each string in turn: ~20 ns a string,
-    0.26 s for the 13 M ids of 3.85 M calls, against ~0.04 s for this byte scan."""
+    """What ``arr.validate(full=True)`` says of a string-holding array (one that passed the quick
+    ``validate()``), by its quick way when that can only say yes (:func:`_ascii_strings`): Arrow
+    checks each string in turn, a cost per string that the byte scan does not have
+    (docs/decisions-io.md, the UTF-8 check)."""
     if _is_plain_strings(arr.type) and _ascii_strings(arr):
         return True
     try:
@@ -364,18 +364,35 @@ def _is_plain_strings(t: pa.DataType) -> bool:
 
 
 def _ascii_strings(arr: pa.Array) -> bool:
-    """A :func:`_is_plain_strings` array whose offsets are sound (:func:`_offsets_ok`) and whose
-    strings' bytes are all below 0x80. A list's values are looked at whole, whatever part of
-    them the list reaches, as Arrow's full validation looks at them."""
+    """A :func:`_is_plain_strings` array that Arrow's full validation must pass: not empty (an
+    empty one goes to Arrow, whose check of it costs nothing and looks at its lone offset), a
+    null count its validity bitmap agrees with, sound offsets (:func:`_offsets_ok`) and
+    strings whose bytes are all below 0x80 (ASCII is valid UTF-8 however it is cut into
+    strings). A list's values must pass too, looked at whole, whatever part of them the list
+    reaches, as Arrow's full validation looks at them."""
+    if len(arr) == 0 or not _null_count_agrees(arr):
+        return False
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-        return (len(arr) == 0 or _list_offsets_ok(arr)) and _ascii_strings(arr.values)
+        return _list_offsets_ok(arr) and _ascii_strings(arr.values)
     if not _offsets_ok(arr):
         return False
-    if len(arr) == 0:
-        return True
     off = offsets_view(arr.buffers()[1], pa.types.is_large_string(arr.type), arr.offset, len(arr))
     lo, hi = int(off[0]), int(off[-1])
     return hi == lo or int(np.frombuffer(arr.buffers()[2], dtype=np.uint8, count=hi - lo, offset=lo).max()) < 0x80
+
+
+def _null_count_agrees(arr: pa.Array) -> bool:
+    """The array's null count is what its validity bitmap holds (Arrow's full validation
+    compares them; a hand-built array can say otherwise)."""
+    bitmap = arr.buffers()[0]
+    if bitmap is None:
+        return arr.null_count == 0
+    n, first = len(arr), arr.offset
+    nbytes = (first + n + 7) // 8
+    if bitmap.size < nbytes:
+        return False
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8, count=nbytes), bitorder="little")[first:first + n]
+    return n - int(np.count_nonzero(bits)) == arr.null_count
 
 
 def _first_invalid(arr: pa.Array) -> int:
@@ -450,6 +467,9 @@ def check_utf8(name, file, table: pa.Table, row0: int = 0) -> None:
         base = 0
         for chunk in col.chunks:
             if not _valid_utf8(chunk):
+                if len(chunk) == 0:  # no row to name: an empty chunk whose lone offset Arrow refuses
+                    raise InputError(f"column {col_name!r} has an empty chunk that is not a valid array "
+                                     f"(its offsets)", table=name, file=file, column=col_name)
                 row = base + _first_invalid(chunk)
                 where = f"row {row0 + row} (0-based"
                 if col_name != "rollout_id" and "rollout_id" in table.column_names:
