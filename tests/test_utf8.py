@@ -23,12 +23,23 @@ def _full(arr: pa.Array) -> bool:
     return True
 
 
+def _validity(draw, n: int, lie: bool) -> tuple[pa.Buffer | None, int]:
+    """A validity bitmap for ``n`` slots (None when none is null) and its null count; with
+    ``lie``, a null count the bitmap disagrees with where there is a bitmap (without one, Arrow's
+    quick validation refuses any but 0)."""
+    valid = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    mask = None if all(valid) else pa.py_buffer(np.packbits(np.array(valid, bool), bitorder="little").tobytes())
+    null_count = n - sum(valid)
+    if lie and mask is not None:
+        null_count = draw(st.sampled_from((0, min(null_count + 1, n), max(null_count - 1, 0))))
+    return mask, null_count
+
+
 def _strings(draw, n: int, large: bool) -> pa.Array:
     """``n`` strings (some null) built from buffers, so the bytes need not be UTF-8 and, now
     and then, the middle offsets fall or one leaves the bytes, the null count disagrees with the
     bitmap, or an empty array's lone offset is not 0."""
     values = [b"".join(draw(st.lists(st.sampled_from(PIECES), max_size=4))) for _ in range(n)]
-    valid = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     dtype = np.int64 if large else np.int32
     off = np.zeros(n + 1, dtype=dtype)
     np.cumsum([len(v) for v in values], out=off[1:])
@@ -40,10 +51,7 @@ def _strings(draw, n: int, large: bool) -> pa.Array:
         off[n // 2] = len(data) + 5  # Arrow's quick validation checks only the end offsets
     elif fault == "lone_offset" and n == 0:
         off[0] = draw(st.sampled_from((-3, 2)))
-    mask = None if all(valid) else pa.py_buffer(np.packbits(np.array(valid, bool), bitorder="little").tobytes())
-    null_count = n - sum(valid)
-    if fault == "null_count" and mask is not None:  # without a bitmap the quick validation refuses any
-        null_count = draw(st.sampled_from((0, min(null_count + 1, n), max(null_count - 1, 0))))
+    mask, null_count = _validity(draw, n, lie=fault == "null_count")
     t = pa.large_string() if large else pa.string()
     return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(off.tobytes()), pa.py_buffer(data)],
                                  null_count=null_count)
@@ -62,11 +70,7 @@ def _list_over(draw, values: pa.Array) -> pa.Array:
         off[1] = len(values) + 2
     elif fault == "fall" and n >= 3:
         off[1:n] = off[1:n][::-1].copy()
-    valid = draw(st.lists(st.booleans(), min_size=n, max_size=n))
-    mask = None if all(valid) else pa.py_buffer(np.packbits(np.array(valid, bool), bitorder="little").tobytes())
-    null_count = n - sum(valid)
-    if fault == "null_count" and mask is not None:
-        null_count = draw(st.sampled_from((0, min(null_count + 1, n))))
+    mask, null_count = _validity(draw, n, lie=fault == "null_count")
     t = (pa.large_list if large else pa.list_)(values.type)
     return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(off.tobytes())], null_count=null_count,
                                  children=[values])
@@ -146,3 +150,5 @@ def test_quick_way_refuses_what_full_validation_refuses_beyond_the_bytes():
         assert not dsmod._ascii_strings(arr)
         assert dsmod._valid_utf8(arr) is False and _full(arr) is False
     assert dsmod._ascii_strings(two_nulls) and dsmod._ascii_strings(lists)
+    views = pa.array(["a", "b"], pa.string_view())  # another string type: Arrow decides
+    assert not dsmod._ascii_strings(views) and dsmod._valid_utf8(views)

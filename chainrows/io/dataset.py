@@ -347,7 +347,7 @@ def _valid_utf8(arr: pa.Array) -> bool:
     ``validate()``), by its quick way when that can only say yes (:func:`_ascii_strings`): Arrow
     checks each string in turn, a cost per string that the byte scan does not have
     (docs/decisions-io.md, the UTF-8 check)."""
-    if _is_plain_strings(arr.type) and _ascii_strings(arr):
+    if _ascii_strings(arr):
         return True
     try:
         arr.validate(full=True)  # checks offsets and, for string data, UTF-8
@@ -356,26 +356,21 @@ def _valid_utf8(arr: pa.Array) -> bool:
     return True
 
 
-def _is_plain_strings(t: pa.DataType) -> bool:
-    """string or large_string, or a list or large_list of those (nested any depth)."""
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return _is_plain_strings(t.value_type)
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
 def _ascii_strings(arr: pa.Array) -> bool:
-    """A :func:`_is_plain_strings` array that Arrow's full validation must pass: not empty (an
-    empty one goes to Arrow, whose check of it costs nothing and looks at its lone offset), a
-    null count its validity bitmap agrees with, sound offsets (:func:`_offsets_ok`) and
-    strings whose bytes are all below 0x80 (ASCII is valid UTF-8 however it is cut into
-    strings). A list's values must pass too, looked at whole, whatever part of them the list
-    reaches, as Arrow's full validation looks at them."""
+    """A string or large_string array, or a list or large_list of those (nested any depth), that
+    Arrow's full validation must pass: not empty (an empty one goes to Arrow, whose check of it
+    costs nothing and looks at its lone offset), a null count its validity bitmap agrees with,
+    sound offsets (:func:`_offsets_ok`) and strings whose bytes are all below 0x80 (ASCII is
+    valid UTF-8 however it is cut into strings). A list's values must pass too, looked at whole,
+    whatever part of them the list reaches, as Arrow's full validation looks at them. Any other
+    type (string_view, binary) is False: Arrow decides."""
+    t = arr.type
     if len(arr) == 0 or not _null_count_agrees(arr):
         return False
-    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
         return _list_offsets_ok(arr) and _ascii_strings(arr.values)
-    if not _offsets_ok(arr):
-        return False
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)) or not _offsets_ok(arr):
+        return False  # _offsets_ok of another type would run the full validation this one precedes
     off = offsets_view(arr.buffers()[1], pa.types.is_large_string(arr.type), arr.offset, len(arr))
     lo, hi = int(off[0]), int(off[-1])
     return hi == lo or int(np.frombuffer(arr.buffers()[2], dtype=np.uint8, count=hi - lo, offset=lo).max()) < 0x80
