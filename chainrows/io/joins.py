@@ -432,28 +432,24 @@ def _encode_sorted(cols) -> tuple[pa.Array, list[np.ndarray]]:
     """Dense int64 codes (-1 null) for several string columns at once, numbered in byte order
     of the strings: (sorted distinct strings, codes per column). One dictionary_encode over all
     the columns' chunks (one hash pass; Arrow shares the dictionary across the chunks of one
-    array)."""
-    codes, dictionary = _dictionary_encode(cols)
-    order = pc.sort_indices(dictionary).to_numpy().astype(np.int64)
-    rank = np.empty(len(order) + 1, dtype=np.int64)
-    rank[order] = np.arange(len(order), dtype=np.int64)
-    rank[-1] = -1  # code -1 (null) stays -1
-    return dictionary.take(pa.array(order)).cast(pa.string()), [rank[c] for c in codes]
-
-
-def _dictionary_encode(cols):
+    array); its int32 indices go straight through the rank table into int64 codes."""
     chunks = [col.chunks if isinstance(col, pa.ChunkedArray) else [col] for col in cols]
     lengths = [len(col) for col in cols]
     flat = [c for parts in chunks for c in parts if len(c)]
     target = pa.string() if all(c.type == pa.string() for c in flat) else pa.large_string()
     if not flat:
-        return [np.zeros(n, dtype=np.int64) for n in lengths], pa.array([], target)
+        return pa.array([], pa.string()), [np.zeros(n, dtype=np.int64) for n in lengths]
     enc = pc.dictionary_encode(pa.chunked_array([c if c.type == target else c.cast(target) for c in flat], target))
     dictionary = enc.chunk(enc.num_chunks - 1).dictionary
-    idx = np.concatenate([pc.fill_null(c.indices, -1).to_numpy(zero_copy_only=False) for c in enc.chunks])
-    idx = idx.astype(np.int64)
+    idx = np.concatenate([(pc.fill_null(c.indices, -1) if c.null_count else c.indices).to_numpy(zero_copy_only=False)
+                          for c in enc.chunks])
+    order = pc.sort_indices(dictionary).to_numpy().astype(np.int64)
+    rank = np.empty(len(order) + 1, dtype=np.int64)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    rank[-1] = -1  # index -1 (null) gives -1
     bounds = np.cumsum([0] + lengths)
-    return [idx[bounds[i]:bounds[i + 1]] for i in range(len(cols))], dictionary
+    codes = [np.take(rank, idx[bounds[i]:bounds[i + 1]]) for i in range(len(cols))]
+    return dictionary.take(pa.array(order)).cast(pa.string()), codes
 
 
 def _take_ranges(values, starts, lengths) -> np.ndarray:
