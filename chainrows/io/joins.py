@@ -25,9 +25,10 @@ from chainrows.engine.chunks import balanced_chunks, even_chunks
 from chainrows.engine.dense import group_order
 from chainrows.engine.strjoin import index_groups, join_groups, new_tables, probe_groups, table_offsets
 from chainrows.engine.threads import run
+from chainrows.engine.slots import any_served, fill_slots, slot_counts
 from chainrows.engine.tokrows import token_rows
 from chainrows.io.arrays import (
-    list_offsets, offsets_from_lengths, one_chunk, range_index, string_parts,
+    list_offsets, offsets_from_lengths, offsets_rise_within, one_chunk, range_index, string_parts,
 )
 from chainrows.io.errors import InputError
 from chainrows.io.take import take_rows
@@ -57,11 +58,6 @@ class RolloutJoin:
     def per_call(self, values: np.ndarray) -> np.ndarray:
         """A per-ledger-row array in call order."""
         return values if self.call_row is None else values[self.call_row]
-
-    def list_parts(self, column: str, null_is_empty=True):
-        """:func:`_list_parts` of a ledger list column, starts and stops in call order."""
-        starts, stops, values = _list_parts(self.ledger[column], null_is_empty)
-        return self.per_call(starts), self.per_call(stops), values
 
     def strings(self, column: str) -> pa.Array:
         """A ledger string column in call order (one take when the ledger is not)."""
@@ -288,37 +284,55 @@ class ItemJoin:
 
 def join_items(ro: RolloutJoin, rec: Records) -> ItemJoin:
     R, C = ro.n, len(ro.of_call)
-    key_starts, key_stops, key_values = ro.list_parts("item_keys")
-    key_len = key_stops - key_starts
-    key_off = offsets_from_lengths(key_len)
-    item_keys = _take_ranges(column_values(key_values, np.uint64, "ledger", "item_keys"), key_starts, key_len)
+    rows = readonly(ro.call_row if ro.call_row is not None else np.arange(C, dtype=np.int64))
+    key_off, key_valid, key_values = _ledger_lists(ro.ledger, "item_keys")
+    id_off, id_valid, id_values = _ledger_lists(ro.ledger, "item_ids")
+    keys = column_values(key_values, np.uint64, "ledger", "item_keys")
+    key_len = np.empty(C, dtype=np.int64)
+    run(slot_counts, even_chunks(C), rows, key_off, key_valid, key_len)
+    key_off_c = offsets_from_lengths(key_len)
+    S = int(key_off_c[-1])
+    item_keys = np.empty(S, dtype=np.uint64)
+    item_pos = np.empty(S, dtype=np.int64)
+    item_ids_bad_len = np.zeros(C, dtype=bool)
+    by_slots = balanced_chunks(key_off_c + np.arange(C + 1))  # a call costs 1 + its slots
+    run(fill_slots, by_slots, rows, key_off, readonly(keys), id_off, id_valid, readonly(key_off_c), item_keys,
+        item_pos, item_ids_bad_len)
+    key_off = key_off_c
+
     out_len = np.zeros(R, dtype=np.int64)
     o_starts, o_stops, o_values = _list_parts(rec.table["output_keys"])
     out_len[rec.rollout] = o_stops - o_starts
     out_off = offsets_from_lengths(out_len)
     out_keys = _take_ranges(column_values(o_values, np.uint64, "rollouts", "output_keys"), o_starts, o_stops - o_starts)
-
-    item_parts = ro.list_parts("item_ids", null_is_empty=False)
     out_parts = _list_parts(rec.table["output_ids"], null_is_empty=False)
     # per key slot, the position of its id (-1: null list, wrong length, no row); bad lengths
-    item_pos, item_ids_bad_len = aligned_positions(item_parts[0], item_parts[1], key_off, np.arange(C))
     out_pos, out_bad = aligned_positions(out_parts[0], out_parts[1], out_off, rec.rollout)
     out_ids_bad_len = np.zeros(R, dtype=bool)
     out_ids_bad_len[rec.rollout] = out_bad
     # a rollout's item slots are key_off[call_off[r]]:key_off[call_off[r + 1]] (calls in rollout order)
     out_ids, item_ids = grouped_lookup(out_off, (out_parts[2], out_pos, "rollouts", "output_ids"),
-                                       key_off[ro.call_off], (item_parts[2], item_pos, "ledger", "item_ids"),
+                                       key_off[ro.call_off], (id_values, item_pos, "ledger", "item_ids"),
                                        NO_OUTPUT, -1)
-    serving = item_ids >= 0
-    identified = np.zeros(C, dtype=bool)  # a call served an output id iff one of its slots did
-    has_items = key_len > 0  # reduceat over the non-empty calls' slot ranges, which tile the slots
-    if has_items.any():
-        identified[has_items] = np.logical_or.reduceat(serving, key_off[:-1][has_items])
+    identified = np.empty(C, dtype=bool)  # a call served an output id iff one of its slots did
+    run(any_served, by_slots, readonly(key_off), readonly(item_ids), identified)
     served = np.zeros(len(out_ids), dtype=bool)
-    served[item_ids[serving]] = True
+    served[item_ids[item_ids >= 0]] = True
     out_served = (out_ids >= 0) & served[np.maximum(out_ids, 0)]
     return ItemJoin(key_off, item_keys, item_ids, item_ids_bad_len, out_off, out_keys, out_ids,
                     out_ids_bad_len, out_served, identified)
+
+
+def _ledger_lists(ledger: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """(int64 offsets per ledger row, bool validity per row or zero-length when none is null,
+    the values) of a ledger list column, read-only, the offsets checked to stay inside the
+    values before any kernel reads through them."""
+    arr = one_chunk(ledger[column])
+    off = list_offsets(arr)
+    if not offsets_rise_within(off, len(arr.values)):
+        raise InputError(f"ledger: column '{column}': list offsets outside its values")
+    valid = bools(arr.is_valid()) if arr.null_count else _NO_NULLS
+    return readonly(off), readonly(valid), arr.values
 
 
 @dataclass(frozen=True)
