@@ -91,10 +91,9 @@ def _chunks(batch: Batch) -> np.ndarray:
     return balanced_chunks(per_call[batch.call_off] + np.arange(batch.num_rollouts + 1))
 
 
-def _order_chunks(batch: Batch) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`_buffer_chunks` over the positions of tok_order (which lists the calls buffer by
-    buffer), weighed by token count."""
-    o = batch.tok_order
+def _order_chunks(batch: Batch, o: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`_buffer_chunks` over the positions of ``o`` (calls with token rows, buffer by
+    buffer as tok_order lists them: tok_order or a subsequence of it), weighed by token count."""
     per = np.concatenate(([0], np.cumsum(batch.tok_stop[o] - batch.tok_start[o] + 1)))
     bounds = np.searchsorted(batch.tok_chunk[o], np.arange(len(batch.tokens) + 1), side="left")
     return _buffer_chunks(per, bounds)
@@ -187,10 +186,11 @@ def _check_chain_data(b: Batch, chunks: np.ndarray, detail: np.ndarray, dec: Dec
     into ``status``."""
     need = np.zeros(b.num_calls, dtype=np.uint8)
     run(mark_chain_calls, chunks, detail, dec.sel_off, dec.sel, dec.sel_len, need)
+    order = readonly(b.tok_order[need[b.tok_order] != 0])  # the needed calls, buffer by buffer
     run_steps([Step(order_chunks, weight_off, ((data_checks, (
-        b.tok_order, need, b.parent, b.chain_hash, b.integrity_bad, b.gen_len, b.tok_start, b.tok_stop,
+        order, need, b.parent, b.chain_hash, b.integrity_bad, b.gen_len, b.tok_start, b.tok_stop,
         b.tokens[k], b.has_logprobs, b.lp_start, b.lp_stop, b.logprobs[k], status)),))
-        for k, (order_chunks, weight_off) in enumerate(_order_chunks(b))])
+        for k, (order_chunks, weight_off) in enumerate(_order_chunks(b, order))])
 
 
 def _verify(b: Batch, chunks: np.ndarray, dec: Decisions, status: np.ndarray) -> None:
