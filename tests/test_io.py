@@ -1388,3 +1388,71 @@ def test_api_refuses_tables_beside_a_dataset_directory(tmp_path):
     ledger, tokens, rollouts = _tables()
     with pytest.raises(TypeError, match="a dataset directory comes alone"):
         reassemble(str(tmp_path), tokens, rollouts)
+
+
+def _unbuffered_empty(typ: pa.DataType) -> pa.Array:
+    """A zero-length array of ``typ`` without an offsets buffer (or any other), which Arrow
+    accepts as valid: a hand-built table may hold one."""
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        arr = pa.Array.from_buffers(typ, 0, [None, None], children=[_unbuffered_empty(typ.value_type)])
+    elif pa.types.is_string(typ) or pa.types.is_large_string(typ):  # Arrow wants the data buffer
+        arr = pa.Array.from_buffers(typ, 0, [None, None, pa.py_buffer(b"")])
+    else:
+        arr = pa.Array.from_buffers(typ, 0, [None, None])
+    arr.validate(full=True)
+    return arr
+
+
+def _forked(fn) -> str:
+    """fn() (returning a str) in a forked child, where a crash kills only the child: its
+    value, 'raised: ...', or 'died: <exit status>'."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(r)
+        try:
+            out = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            out = f"raised: {exc}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    chunks = []
+    while data := os.read(r, 1 << 16):
+        chunks.append(data)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return b"".join(chunks).decode() if code == 0 else f"died: {code}"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("table,column", [
+    ("ledger", "item_keys"), ("ledger", "item_ids"), ("ledger", "rollout_id"), ("ledger", "parent_id"),
+    ("tokens", "tokens"), ("tokens", "logprobs"), ("rollouts", "output_ids"), ("rollouts", "output_keys"),
+])
+@pytest.mark.parametrize("rows", ["beside rows", "alone"])
+def test_api_reads_a_zero_length_chunk_without_buffers(table, column, rows):
+    """A hand-built column may hold a zero-length chunk with no offsets buffer, which Arrow
+    calls valid and some of its kernels crash on (``list_flatten``: a segfault on an empty
+    ledger's item_keys, found in review). Such a chunk beside the column's rows, or as the
+    whole of an empty table, gives what the same table without it gives (in a forked child,
+    where a crash kills only the child)."""
+    from chainrows import reassemble
+
+    tables = dict(zip(("ledger", "tokens", "rollouts"), _tables()))
+    if rows == "alone":
+        tables[table] = tables[table].slice(0, 0)
+    want = reassemble(*tables.values())
+    t = tables[table]
+    cols = [pa.chunked_array(t.column(i).chunks + [_unbuffered_empty(f.type) if f.name == column
+                                                   else pa.array([], f.type)], f.type)
+            for i, f in enumerate(t.schema)]
+    tables[table] = pa.Table.from_arrays(cols, schema=t.schema)
+    assert tables[table].column(column).chunks[-1].buffers()[1] is None
+
+    def run() -> str:
+        got = reassemble(*tables.values())
+        return "same" if got.rows.equals(want.rows) and got.report.equals(want.report) else "differs"
+
+    assert _forked(run) == "same"

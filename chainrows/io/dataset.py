@@ -276,6 +276,7 @@ def _normalize_column(name: str, file: Path, col_name: str, col: pa.ChunkedArray
                       row0: int) -> pa.ChunkedArray:
     target = CANONICAL[name].field(col_name).type
     _validate_column(name, file, col_name, col, full=False)
+    col = _buffered_empty_chunks(col)
     if col.type == target and str(col.type) == str(target):  # == ignores list field names
         return col
     if target == pa.int64() and col.type == pa.uint64():
@@ -290,6 +291,18 @@ def _normalize_column(name: str, file: Path, col_name: str, col: pa.ChunkedArray
             raise InputError(f"column {col_name!r} cannot be converted to {target}: "
                              f"{_one_line(exc)}", table=name, file=file, column=col_name) from exc
         return col.cast(large)  # too big for 32-bit offsets: keep 64-bit offsets
+
+
+def _buffered_empty_chunks(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``col`` with each zero-length chunk that has no offsets buffer rebuilt with one. Arrow
+    accepts such a chunk as valid (a hand-built table may hold one), and some of its compute
+    kernels crash the process on it (``list_flatten`` of a list column)."""
+    def unbuffered(chunk):
+        return len(chunk) == 0 and len(chunk.buffers()) > 1 and chunk.buffers()[1] is None
+
+    if not any(unbuffered(c) for c in col.chunks):
+        return col
+    return pa.chunked_array([pa.array([], c.type) if unbuffered(c) else c for c in col.chunks], col.type)
 
 
 def _cast_follows_pointers(t: pa.DataType) -> bool:
