@@ -34,8 +34,11 @@ def ledgers(draw):
         ids.append(draw(st.one_of(IDS, st.lists(st.sampled_from(["a", "b", "c"]), min_size=len(k or []),
                                                   max_size=len(k or [])))))
     rows = draw(st.permutations(list(range(n))))
-    table = pa.table({"item_keys": pa.array(keys, pa.list_(pa.uint64())),
-                      "item_ids": pa.array(ids, pa.list_(pa.string()))}).slice(head)
+    lists = pa.large_list if draw(st.booleans()) else pa.list_
+    table = pa.table({"item_keys": pa.array(keys, lists(pa.uint64())),
+                      "item_ids": pa.array(ids, lists(pa.string()))}).slice(head)
+    cut = draw(st.integers(0, n))  # columns of two chunks (joined before the kernels read them)
+    table = pa.concat_tables([table.slice(0, cut), table.slice(cut)])
     return table, np.array(rows, dtype=np.int64)
 
 
@@ -47,7 +50,7 @@ def _slots(table, rows, threads_chunks=even_chunks):
     run(slot_counts, threads_chunks(C), readonly(rows), key_off, key_valid, key_len)
     slot_off = offsets_from_lengths(key_len)
     S = int(slot_off[-1])
-    item_keys = np.zeros(S, dtype=np.uint64)
+    item_keys = np.full(S, 12345, dtype=np.uint64)
     item_pos = np.full(S, -7, dtype=np.int64)
     bad = np.zeros(C, dtype=bool)
     run(fill_slots, balanced_chunks(slot_off + np.arange(C + 1)), readonly(rows), key_off,
@@ -62,16 +65,22 @@ def test_kernels_match_definitions(ledger):
     table, rows = ledger
     key_lists = table["item_keys"].to_pylist()
     id_lists = table["item_ids"].to_pylist()
-    id_off = table["item_ids"].chunk(0).offsets.to_numpy()  # a slice's offsets index the whole values
+    id_off = _ledger_lists(table, "item_ids")[0]  # a slice's offsets index the whole values
     key_len, slot_off, item_keys, item_pos, bad = _slots(table, rows)
     assert key_len.tolist() == slot_counts_py(rows, key_lists)
     want_keys, want_pos, want_bad = fill_slots_py(rows, key_lists, id_lists, id_off[:-1].tolist())
     assert item_keys.tolist() == want_keys
     assert item_pos.tolist() == want_pos
     assert bad.tolist() == want_bad
+    # independent of the offsets: the id each position names is the row's own id for its slot
+    id_values = _ledger_lists(table, "item_ids")[2].to_pylist()
+    named = [None if q < 0 else id_values[q] for q in item_pos]
+    want_named = [ids[d] if ids is not None and len(ids) == len(k or []) else None
+                  for r in rows for k, ids in [(key_lists[r], id_lists[r])] for d in range(len(k or []))]
+    assert named == want_named
     # any_served over codes drawn from the positions (a position >= 0 stands for a served id)
     codes = np.where(item_pos % 3 == 0, item_pos, -1)
-    identified = np.zeros(len(rows), dtype=bool)
+    identified = np.ones(len(rows), dtype=bool)  # join_items starts it empty: every call is written
     run(any_served, even_chunks(len(rows)), readonly(slot_off), readonly(codes), identified)
     assert identified.tolist() == any_served_py(slot_off, codes.tolist())
 

@@ -446,7 +446,8 @@ def _encode_sorted(cols) -> tuple[pa.Array, list[np.ndarray]]:
     """Dense int64 codes (-1 null) for several string columns at once, numbered in byte order
     of the strings: (sorted distinct strings, codes per column). One dictionary_encode over all
     the columns' chunks (one hash pass; Arrow shares the dictionary across the chunks of one
-    array); its int32 indices go straight through the rank table into int64 codes."""
+    array); its int32 indices are looked up in the rank table (one ``np.take`` per column), and
+    ``fill_null`` runs only on chunks that have nulls."""
     chunks = [col.chunks if isinstance(col, pa.ChunkedArray) else [col] for col in cols]
     lengths = [len(col) for col in cols]
     flat = [c for parts in chunks for c in parts if len(c)]
