@@ -126,29 +126,51 @@ def build_candidates(call_off: np.ndarray, key_off: np.ndarray, item_keys: np.nd
 
 
 @jit
-def fill_serving(key_off, item_ids, pos, serve_call):
-    """serve_call[pos[k]...] = the calls with an item slot whose id code is k, calls ascending
-    (a call with two such slots appears twice, side by side); ``pos`` starts at each code's
-    offset and is advanced."""
+def count_serving(chunks, item_ids, counts):
+    """counts[k] = the item slots whose id code is k, for the codes chunks[0]:chunks[-1]: one
+    read of every slot, counting only the codes of this range, so threads given disjoint code
+    ranges never write the same count. item_ids int64[S]; counts int64[n_out]: out."""
+    lo, hi = chunks[0], chunks[-1]
+    for k in range(lo, hi):
+        counts[k] = 0
+    for s in range(len(item_ids)):
+        k = item_ids[s]
+        if lo <= k < hi:
+            counts[k] += 1
+
+
+@jit
+def fill_serving(chunks, key_off, item_ids, serve_off, serve_call):
+    """serve_call[serve_off[k]:serve_off[k+1]] = the calls with an item slot whose id code is
+    k, calls ascending (a call with two such slots appears twice, side by side), for the codes
+    chunks[0]:chunks[-1] (one read of every slot, as :func:`count_serving`). key_off
+    int64[C+1], item_ids int64[S], serve_off int64[n_out+1] (the counts' offsets); serve_call
+    int64[serve_off[-1]]: out."""
+    lo, hi = chunks[0], chunks[-1]
+    pos = serve_off[lo:hi].copy()
     for c in range(len(key_off) - 1):
         for s in range(key_off[c], key_off[c + 1]):
             k = item_ids[s]
-            if k >= 0:
-                serve_call[pos[k]] = c
-                pos[k] += 1
+            if lo <= k < hi:
+                serve_call[pos[k - lo]] = c
+                pos[k - lo] += 1
 
 
 def serving_index(key_off: np.ndarray, item_ids: np.ndarray, n_out: int) -> tuple[np.ndarray, np.ndarray]:
     """The calls that serve each output id: ``serve_call[serve_off[k]:serve_off[k+1]]`` for id
     code k (an index into the outputs, as ``item_ids`` and ``out_ids`` hold it). Plain-Python
-    definition: for k, the calls c (ascending, once per slot) with k in item_ids[key_off[c]:key_off[c+1]]."""
-    served = item_ids[item_ids >= 0]
-    if len(served) and int(served.max()) >= n_out:
+    definition: for k, the calls c (ascending, once per slot) with k in item_ids[key_off[c]:key_off[c+1]].
+    Threads split the codes (each reads every slot and writes only its codes' entries)."""
+    if len(item_ids) and int(item_ids.max()) >= n_out:
         raise AssertionError("serving_index: an item id code outside the outputs")
+    key_off, item_ids = readonly(key_off), readonly(item_ids)
+    codes = even_chunks(n_out)
+    counts = np.empty(n_out, dtype=np.int64)
+    run(count_serving, codes, item_ids, counts)
     serve_off = np.zeros(n_out + 1, dtype=np.int64)
-    np.cumsum(np.bincount(served, minlength=n_out), out=serve_off[1:])
-    serve_call = np.empty(len(served), dtype=np.int64)
-    fill_serving(readonly(key_off), readonly(item_ids), serve_off[:-1].copy(), serve_call)
+    np.cumsum(counts, out=serve_off[1:])
+    serve_call = np.empty(int(serve_off[-1]), dtype=np.int64)
+    run(fill_serving, codes, key_off, item_ids, readonly(serve_off), serve_call)
     return readonly(serve_off), readonly(serve_call)
 
 
