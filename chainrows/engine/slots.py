@@ -60,14 +60,15 @@ def fill_slots(chunks, rows, key_off, key_values, id_off, id_valid, slot_off, it
         for d in range(n):
             item_keys[a + d] = key_values[k + d]
         s = id_off[r]
-        if _is_null(id_valid, r) or id_off[r + 1] - s != n:
-            if not _is_null(id_valid, r):
+        ids_null = _is_null(id_valid, r)
+        if not ids_null and id_off[r + 1] - s == n:
+            for d in range(n):
+                item_pos[a + d] = s + d
+        else:
+            if not ids_null:
                 bad[c] = True
             for d in range(n):
                 item_pos[a + d] = -1
-        else:
-            for d in range(n):
-                item_pos[a + d] = s + d
 
 
 @jit

@@ -285,20 +285,20 @@ class ItemJoin:
 def join_items(ro: RolloutJoin, rec: Records) -> ItemJoin:
     R, C = ro.n, len(ro.of_call)
     rows = readonly(ro.call_row if ro.call_row is not None else np.arange(C, dtype=np.int64))
-    key_off, key_valid, key_values = _ledger_lists(ro.ledger, "item_keys")
-    id_off, id_valid, id_values = _ledger_lists(ro.ledger, "item_ids")
+    # the lists' offsets per ledger row; key_off below: each call's slots, in call order
+    key_list_off, key_valid, key_values = _ledger_lists(ro.ledger, "item_keys")
+    id_list_off, id_valid, id_values = _ledger_lists(ro.ledger, "item_ids")
     keys = column_values(key_values, np.uint64, "ledger", "item_keys")
     key_len = np.empty(C, dtype=np.int64)
-    run(slot_counts, even_chunks(C), rows, key_off, key_valid, key_len)
-    key_off_c = offsets_from_lengths(key_len)
-    S = int(key_off_c[-1])
+    run(slot_counts, even_chunks(C), rows, key_list_off, key_valid, key_len)
+    key_off = offsets_from_lengths(key_len)
+    S = int(key_off[-1])
     item_keys = np.empty(S, dtype=np.uint64)
     item_pos = np.empty(S, dtype=np.int64)
     item_ids_bad_len = np.zeros(C, dtype=bool)
-    by_slots = balanced_chunks(key_off_c + np.arange(C + 1))  # a call costs 1 + its slots
-    run(fill_slots, by_slots, rows, key_off, readonly(keys), id_off, id_valid, readonly(key_off_c), item_keys,
-        item_pos, item_ids_bad_len)
-    key_off = key_off_c
+    by_slots = balanced_chunks(key_off + np.arange(C + 1))  # a call costs 1 + its slots
+    run(fill_slots, by_slots, rows, key_list_off, readonly(keys), id_list_off, id_valid, readonly(key_off),
+        item_keys, item_pos, item_ids_bad_len)
 
     out_len = np.zeros(R, dtype=np.int64)
     o_starts, o_stops, o_values = _list_parts(rec.table["output_keys"])
