@@ -1123,9 +1123,9 @@ def test_api_utf8_error_wins_over_a_join_error(monkeypatch, threads):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_joins_beside_each_other_fail_in_serial_order(monkeypatch, threads):
-    """The responses join runs beside the item join (on the helper thread with two threads,
-    after it with one); when both fail, the responses' error comes, as it would run in order,
-    and each alone gives its own."""
+    """The token-row and responses joins run beside the item join (on the helper thread with
+    two threads, after it with one); when several fail, the error of the one first in serial
+    order (tokens, responses, items) comes, and each alone gives its own."""
     from chainrows import reassemble
     from chainrows.io import columnar
 
@@ -1140,9 +1140,18 @@ def test_joins_beside_each_other_fail_in_serial_order(monkeypatch, threads):
         assert _err(reassemble, *tables) == "ledger: the item join failed"
         monkeypatch.setattr(columnar, "join_responses", failing("rollouts: the responses join failed"))
         assert _err(reassemble, *tables) == "rollouts: the responses join failed"
+        monkeypatch.setattr(columnar, "join_tokens", failing("tokens: the token rows join failed"))
+        assert _err(reassemble, *tables) == "tokens: the token rows join failed"
         monkeypatch.undo()
         monkeypatch.setattr(columnar, "join_responses", failing("rollouts: the responses join failed"))
         assert _err(reassemble, *tables) == "rollouts: the responses join failed"
+        monkeypatch.setattr(columnar, "join_tokens", failing("tokens: the token rows join failed"))
+        assert _err(reassemble, *tables) == "tokens: the token rows join failed"
+        monkeypatch.undo()
+        monkeypatch.setattr(columnar, "join_tokens", failing("tokens: the token rows join failed"))
+        assert _err(reassemble, *tables) == "tokens: the token rows join failed"
+        monkeypatch.setattr(columnar, "join_items", failing("ledger: the item join failed"))
+        assert _err(reassemble, *tables) == "tokens: the token rows join failed"
 
 
 def _broken_offsets(arr: pa.ChunkedArray, how: str) -> pa.Array:

@@ -4,8 +4,8 @@
 into a Batch. Rollouts get indices in byte order of their ids, so the engine's output is
 already sorted by rollout_id. With more than one thread (Numba's and Arrow's), a helper thread
 checks the tables' strings (UTF-8), makes the token and logprob buffers, takes the rollouts
-rows and lays out the per-call ledger columns while the ids are joined, then joins responses
-and rewards beside the item join.
+rows and lays out the per-call ledger columns while the ids are joined, then joins the token
+rows, the responses and the rewards beside the item join.
 """
 
 from __future__ import annotations
@@ -72,15 +72,17 @@ def _build(ledger, tokens, rollouts, utf8: _Utf8Checks) -> tuple[Batch, Labels]:
     records = _submit(Records, rollouts, ro.of_record, ro.n)  # takes (copies) the rollouts rows
     per_call = _submit(_call_columns, ro)
     calls = join_calls(ro, tokens)
-    toks = join_tokens(calls, len(ro.of_call), buffers)
+    tok_join = _submit(join_tokens, calls, len(ro.of_call), buffers)  # beside the item join
     rec = records.result()
-    answers = _submit(_responses_and_rewards, ro, rec)  # beside the item join
+    answers = _submit(_responses_and_rewards, ro, rec)
     try:
         items = join_items(ro, rec)
         cand = build_candidates(ro.call_off, items.key_off, items.item_keys, ro.of_call)
     except Exception:
-        answers.result()  # run in order, the responses' error would have come first
+        tok_join.result()  # run in order, the token rows' and responses' errors would have come first
+        answers.result()
         raise
+    toks = tok_join.result()
     resp, rew = answers.result()
     col = per_call.result()
     batch = Batch(
