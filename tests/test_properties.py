@@ -133,9 +133,11 @@ def test_corruptions_reach_every_reason_code():
        n_lens=st.integers(1, 4), n_hashes=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
 def test_candidate_index_kernel_matches_lexsort(sizes, n_lens, n_hashes, seed):
     """candidate_index against its plain definition, np.lexsort over the calls with keys: groups
-    of 0-80 calls (Shell sort gaps up to 40), many ties in length and hash."""
+    of 0-80 calls (Shell sort gaps up to 40), many ties in length and hash; count_candidates
+    against a bincount of the calls with keys, and build_candidates, which runs both, against
+    the two."""
     from chainrows.engine.batch import readonly
-    from chainrows.engine.select import candidate_index
+    from chainrows.engine.select import build_candidates, call_key_hashes, candidate_index, count_candidates
 
     rng = np.random.default_rng(seed)
     R = len(sizes)
@@ -148,13 +150,30 @@ def test_candidate_index_kernel_matches_lexsort(sizes, n_lens, n_hashes, seed):
     expected = with_keys[np.lexsort((whole[with_keys], key_len[with_keys], rollout[with_keys]))]
     cand_off = np.concatenate(([0], np.cumsum(np.bincount(rollout[with_keys], minlength=R)))).astype(np.int64)
     got = np.full(len(with_keys), -1, dtype=np.int64)
+    got_len = np.full(len(with_keys), -1, dtype=np.int64)
+    got_hash = np.zeros(len(with_keys), dtype=np.uint64)
+    counts = np.full(R, -1, dtype=np.int64)
     # read-only inputs, as build_batch passes them (one compiled signature); the rollouts in
     # three parts, as threads get them
     cuts = np.sort(rng.integers(0, R + 1, 2))
     for part in ([0, cuts[0]], [cuts[0], cuts[1]], [cuts[1], R]):
-        candidate_index(np.array(part, dtype=np.int64), readonly(call_off), readonly(key_len), readonly(whole),
-                        readonly(cand_off), got)
+        part = np.array(part, dtype=np.int64)
+        count_candidates(part, readonly(call_off), readonly(key_len), counts)
+        candidate_index(part, readonly(call_off), readonly(key_len), readonly(whole),
+                        readonly(cand_off), got, got_len, got_hash)
     assert np.array_equal(got, expected)
+    assert np.array_equal(got_len, key_len[expected]) and np.array_equal(got_hash, whole[expected])
+    assert np.array_equal(counts, np.diff(cand_off))
+
+    # the whole index from keys: item counts as drawn, keys from a small alphabet (equal hashes)
+    key_off = np.concatenate(([0], np.cumsum(key_len))).astype(np.int64)
+    item_keys = rng.integers(0, 3, int(key_off[-1])).astype(np.uint64)
+    hashes = np.empty(C, dtype=np.uint64)
+    call_key_hashes(np.array([0, C], dtype=np.int64), readonly(key_off), readonly(item_keys), hashes)
+    cand = build_candidates(call_off, key_off, item_keys)
+    want = with_keys[np.lexsort((hashes[with_keys], key_len[with_keys], rollout[with_keys]))]
+    assert np.array_equal(cand.off, cand_off) and np.array_equal(cand.call, want)
+    assert np.array_equal(cand.length, key_len[want]) and np.array_equal(cand.hash, hashes[want])
 
 
 @settings(max_examples=100, deadline=None)

@@ -65,10 +65,23 @@ def _before(a, b, key_len, whole):
 
 
 @jit
-def candidate_index(chunks, call_off, key_len, whole, cand_off, cand_call):
+def count_candidates(chunks, call_off, key_len, counts):
+    """counts[r] = the calls of rollout r that have item keys, for the rollouts
+    chunks[0]:chunks[-1] (the sizes :func:`candidate_index` lays out)."""
+    for r in range(chunks[0], chunks[-1]):
+        n = 0
+        for c in range(call_off[r], call_off[r + 1]):
+            if key_len[c] > 0:
+                n += 1
+        counts[r] = n
+
+
+@jit
+def candidate_index(chunks, call_off, key_len, whole, cand_off, cand_call, cand_len, cand_hash):
     """cand_call[cand_off[r]:cand_off[r+1]] = the calls of rollout r that have item keys, sorted
     by (item count, hash of all their keys, call index), for the rollouts chunks[0]:chunks[-1];
-    cand_off counts them per rollout.
+    cand_off counts them per rollout (:func:`count_candidates`). ``cand_len`` / ``cand_hash``
+    (out, like cand_call) get each listed call's ``key_len`` and ``whole``.
 
     Plain-Python definition: ``np.lexsort((whole, key_len, rollout))`` over the calls with keys.
     A Shell sort per rollout (gaps 1, 4, 13, ...): an insertion sort on the few calls a rollout
@@ -94,6 +107,9 @@ def candidate_index(chunks, call_off, key_len, whole, cand_off, cand_call):
                     j -= gap
                 cand_call[a + j] = c
             gap //= 3
+        for i in range(a, a + n):
+            cand_len[i] = key_len[cand_call[i]]
+            cand_hash[i] = whole[cand_call[i]]
 
 
 @dataclass(frozen=True)
@@ -108,21 +124,22 @@ class Candidates:
     call: np.ndarray    # int64[K]
 
 
-def build_candidates(call_off: np.ndarray, key_off: np.ndarray, item_keys: np.ndarray,
-                     call_rollout: np.ndarray) -> Candidates:
+def build_candidates(call_off: np.ndarray, key_off: np.ndarray, item_keys: np.ndarray) -> Candidates:
     """The candidate index of a batch: ``call_off`` per-rollout call offsets, ``key_off`` /
-    ``item_keys`` every call's item keys (offsets + content), ``call_rollout`` each call's
-    rollout (non-decreasing). Offsets must be validated by the caller (kernels here do no
-    bounds checks)."""
-    key_len = np.diff(key_off)
+    ``item_keys`` every call's item keys (offsets + content). Offsets must be validated by the
+    caller (kernels here do no bounds checks)."""
+    key_len = readonly(np.diff(key_off))
     whole = np.empty(len(key_len), dtype=np.uint64)
     run(call_key_hashes, even_chunks(len(whole)), readonly(key_off), readonly(item_keys), whole)
-    off = np.zeros(len(call_off), dtype=np.int64)
-    np.cumsum(np.bincount(call_rollout[key_len > 0], minlength=len(call_off) - 1), out=off[1:])
-    call = np.empty(int(off[-1]), dtype=np.int64)
     rollouts = balanced_chunks(call_off + np.arange(len(call_off)))  # a rollout costs 1 + its calls
-    run(candidate_index, rollouts, readonly(call_off), readonly(key_len), readonly(whole), readonly(off), call)
-    return Candidates(off, np.ascontiguousarray(key_len[call]), np.ascontiguousarray(whole[call]), call)
+    counts = np.empty(len(call_off) - 1, dtype=np.int64)
+    run(count_candidates, rollouts, readonly(call_off), key_len, counts)
+    off = np.zeros(len(call_off), dtype=np.int64)
+    np.cumsum(counts, out=off[1:])
+    K = int(off[-1])
+    call, length, hashes = np.empty(K, dtype=np.int64), np.empty(K, dtype=np.int64), np.empty(K, dtype=np.uint64)
+    run(candidate_index, rollouts, readonly(call_off), key_len, readonly(whole), readonly(off), call, length, hashes)
+    return Candidates(off, length, hashes, call)
 
 
 @jit

@@ -77,7 +77,7 @@ def _build(ledger, tokens, rollouts, utf8: _Utf8Checks) -> tuple[Batch, Labels]:
     answers = _submit(_responses_and_rewards, ro, rec)
     try:
         items = join_items(ro, rec)
-        cand = build_candidates(ro.call_off, items.key_off, items.item_keys, ro.of_call)
+        cand = build_candidates(ro.call_off, items.key_off, items.item_keys)
     except Exception:
         tok_join.result()  # run in order, the token rows' and responses' errors would have come first
         answers.result()
