@@ -1071,11 +1071,28 @@ def _second_buffer_first(b):
     b.tok_chunk[b.tok_order[0]] = 1
 
 
-def test_batch_validate_refuses_out_of_bounds_arrays():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batch_validate_refuses_out_of_bounds_arrays(threads):
     """Every offset or index that would let a kernel (no bounds checks) leave its buffer is
-    refused by Batch.validate with a ValueError naming the array."""
+    refused by Batch.validate with a ValueError naming the array, at 1 and 2 threads (the
+    indices and the token rows checked side by side); with one fault in each of those halves,
+    the indices' error comes, as in order."""
+    import numba
+
     from chainrows.engine.run import decide
     from chainrows.io.columnar import build_batch
+
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"needs {threads} threads")
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        _validate_cases(decide, build_batch)
+    finally:
+        numba.set_num_threads(before)
+
+
+def _validate_cases(decide, build_batch):
 
     tables = build_tables(base_data(2, 1))
     good, _ = build_batch(tables["ledger"], tables["tokens"], tables["rollouts"])
@@ -1133,6 +1150,15 @@ def test_batch_validate_refuses_out_of_bounds_arrays():
         with pytest.raises(ValueError) as err:
             decide(b)
         assert needle in str(err.value), f"{what}: {err.value}"
+    token_side = ["tok_stop past the buffer", "lp_start negative", "tok_order outside", "tok_chunk past the buffers"]
+    index_side = ["call_off decreasing", "parent in another rollout", "cand_len off by one", "out_ids past the outputs"]
+    for tok_fault, index_fault in zip(token_side, index_side):
+        b = copy.deepcopy(good)
+        cases[tok_fault][0](b)
+        cases[index_fault][0](b)
+        with pytest.raises(ValueError) as err:
+            decide(b)
+        assert cases[index_fault][1] in str(err.value), f"{index_fault} with {tok_fault}: {err.value}"
 
 
 _BATCH_SNIPPET = """

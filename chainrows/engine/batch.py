@@ -21,6 +21,7 @@ from chainrows.engine.indexcheck import (
     ORDER_NOT_BY_BUFFER, ORDER_NOT_ONCE, ORDER_OK, ORDER_OUTSIDE, first_bad_range, first_outside_owner,
     lengths_match, order_problem,
 )
+from chainrows.engine.threads import run_jobs
 
 ROOT = -1  # parent_id null; terminal_response_id null
 MISSING = -2  # an id that names no call of the rollout
@@ -99,7 +100,12 @@ class Batch:
         return np.bincount(owner[self.parent == ROOT], minlength=self.num_rollouts).astype(np.int64)
 
     def validate(self) -> None:
-        """Raise ValueError naming the array when an offset or index could leave its buffer."""
+        """Raise ValueError naming the array when an offset or index could leave its buffer.
+
+        After the dtypes and lengths, two halves that need nothing from each other (the
+        rollouts' offsets and indices; the token rows' buffers, ranges and order) run side by
+        side with more than one thread (``threads.run_jobs``); the first half's error wins, as
+        when they run in order."""
         R, C = self.num_rollouts, self.num_calls
         _check_dtypes(self)
         for name, n in (("has_record", R), ("dup_record", R), ("reward", R), ("reward_null", R),
@@ -109,6 +115,13 @@ class Batch:
                      "dup_response_id", "dup_tokens", "item_ids_bad_len", "identified",
                      "tok_chunk", "tok_start", "tok_stop", "lp_start", "lp_stop"):
             _check_len(name, getattr(self, name), C)
+        run_jobs([self._check_indices, self._check_token_rows])
+        if len(self.group) and (self.group.min() < 0 or self.group.max() >= R):
+            raise ValueError("group: index outside [0, num_rollouts)")
+
+    def _check_indices(self) -> None:
+        """The offsets, id codes and call indices (dtypes and lengths checked)."""
+        R, C = self.num_rollouts, self.num_calls
         _check_offsets("call_off", self.call_off, C)
         _check_offsets("out_off", self.out_off, len(self.out_keys), R)
         _check_len("out_ids", self.out_ids, len(self.out_keys))
@@ -129,12 +142,14 @@ class Batch:
         _check_same_rollout("cand_call", self.cand_call, self.cand_off, self.call_off, allow=())
         if not lengths_match(readonly(self.cand_len), readonly(self.cand_call), readonly(self.key_off)):
             raise ValueError("cand_len: differs from the call's item count")
+
+    def _check_token_rows(self) -> None:
+        """The token and logprob buffers, each call's ranges in them and ``tok_order`` (dtypes
+        and lengths checked)."""
         _check_buffers(self)
         _check_ranges("tok", self.tok_start, self.tok_stop, self.tok_chunk, [len(t) for t in self.tokens])
         _check_ranges("lp", self.lp_start, self.lp_stop, self.tok_chunk, [len(t) for t in self.logprobs])
         _check_order(self.tok_order, self.tok_start, self.tok_chunk)
-        if len(self.group) and (self.group.min() < 0 or self.group.max() >= R):
-            raise ValueError("group: index outside [0, num_rollouts)")
 
 
 _DTYPES = {

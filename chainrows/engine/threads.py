@@ -124,6 +124,19 @@ def run_steps(steps: list[Step]) -> None:
         _run_parts([functools.partial(do, ranges) for ranges in split])
 
 
+def run_jobs(jobs: list) -> None:
+    """Call each of ``jobs`` (no arguments): with one thread, in order, the first error raised
+    at once; with more, side by side as :func:`_run_parts` does, every job finished on return
+    and the error of the first failing job in list order raised. Either way the error raised is
+    the one the jobs run in order would give, provided no job's safety depends on another's
+    checks."""
+    if numba.get_num_threads() <= 1:
+        for job in jobs:
+            job()
+        return
+    _run_parts(jobs)
+
+
 def _run_parts(jobs: list) -> None:
     """Call each of ``jobs`` (no arguments), the first here and the others on the kernel
     threads; all finished on return, an error in any raised after every job has stopped."""
@@ -131,7 +144,7 @@ def _run_parts(jobs: list) -> None:
         jobs[0]()
         return
     futures, here = [], [jobs[0]]
-    error = None
+    error = None  # the first job's error, else the first failing submitted job's
     try:  # from the first submit on, an error or interrupt still waits for the submitted parts:
         # a kernel may read memory only the caller keeps alive (e.g. chunks passed by address)
         pool = _pool()
