@@ -1152,6 +1152,43 @@ def test_joins_beside_each_other_fail_in_serial_order(monkeypatch, threads):
         assert _err(reassemble, *tables) == "tokens: the token rows join failed"
         monkeypatch.setattr(columnar, "join_items", failing("ledger: the item join failed"))
         assert _err(reassemble, *tables) == "tokens: the token rows join failed"
+        with pytest.raises(InputError) as err:  # raised on its own, not while handling the other
+            reassemble(*tables)
+        assert err.value.__context__ is None and err.value.__cause__ is None
+        monkeypatch.undo()
+        monkeypatch.setattr(columnar, "Records", failing("rollouts: taking the records failed"))
+        assert _err(reassemble, *tables) == "rollouts: taking the records failed"
+        monkeypatch.setattr(columnar, "join_tokens", failing("tokens: the token rows join failed"))
+        assert _err(reassemble, *tables) == "tokens: the token rows join failed"
+        monkeypatch.undo()
+
+
+def test_a_failed_build_leaves_nothing_on_the_helper_thread(monkeypatch):
+    """When build_batch raises, every task it handed to the helper thread has finished: the
+    responses join, still running when the token rows fail, is waited for (it would hold the
+    call's arrays and delay the next call's tasks)."""
+    import threading
+
+    from chainrows import reassemble
+    from chainrows.io import columnar
+
+    finished = threading.Event()
+    responses = columnar._responses_and_rewards
+
+    def slow_responses(*args):
+        time.sleep(0.3)
+        out = responses(*args)
+        finished.set()
+        return out
+
+    def failing_tokens(*args):
+        raise InputError("tokens: the token rows join failed")
+
+    monkeypatch.setattr(columnar, "_responses_and_rewards", slow_responses)
+    monkeypatch.setattr(columnar, "join_tokens", failing_tokens)
+    with _Threads(2):
+        assert _err(reassemble, *_tables()) == "tokens: the token rows join failed"
+        assert finished.is_set()
 
 
 def _broken_offsets(arr: pa.ChunkedArray, how: str) -> pa.Array:

@@ -113,6 +113,42 @@ def test_run_steps_runs_each_steps_calls_in_order_over_every_item_once(threads):
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 threads")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_run_jobs_raises_the_first_jobs_error_and_runs_in_place_on_a_kernel_thread(threads):
+    """run_jobs: with two failing jobs, the first's error (at 2 threads after the second has
+    finished, on another thread; at 1 the second never runs); called from a kernel thread, the
+    jobs run there in order (waiting for the one kernel thread from it would never end)."""
+    from chainrows.engine import threads as th
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    where = []
+
+    def job(name, fails):
+        def f():
+            where.append((name, threading.current_thread().name))
+            if fails:
+                raise ValueError(name)
+        return f
+
+    try:
+        with pytest.raises(ValueError, match="first"):
+            th.run_jobs([job("first", True), job("second", True)])
+        ran = dict(where)
+        assert list(ran) == ["first"] if threads == 1 else sorted(ran) == ["first", "second"]
+        assert ran["first"] == threading.current_thread().name
+        if threads == 2:
+            assert ran["second"].startswith("chainrows-kernel")
+        where.clear()
+        nested = th._pool().submit(th.run_jobs, [job("a", False), job("b", False)])
+        nested.result(timeout=30)
+        kernel_thread = where[0][1]
+        assert [n for n, _ in where] == ["a", "b"] and all(t == kernel_thread for _, t in where)
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 threads")
 @pytest.mark.parametrize("how", ["run", "run_steps"])
 def test_parts_run_on_two_threads_and_an_error_waits_for_the_others(how):
     """run: chunks [0, 3, 6, 9] in parts (0, 3) and (3, 9); run_steps: two steps of equal weight,

@@ -27,6 +27,7 @@ import numpy as np
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
+_KERNEL_THREADS = "chainrows-kernel"  # the pool's thread names start with this
 
 
 def _forget_pool() -> None:
@@ -45,7 +46,7 @@ def _pool() -> ThreadPoolExecutor:
     with _POOL_LOCK:
         if _POOL is None:
             workers = max(1, numba.config.NUMBA_NUM_THREADS - 1)
-            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chainrows-kernel")
+            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=_KERNEL_THREADS)
         return _POOL
 
 
@@ -129,8 +130,12 @@ def run_jobs(jobs: list) -> None:
     at once; with more, side by side as :func:`_run_parts` does, every job finished on return
     and the error of the first failing job in list order raised. Either way the error raised is
     the one the jobs run in order would give, provided no job's safety depends on another's
-    checks."""
-    if numba.get_num_threads() <= 1:
+    checks.
+
+    A job other than the first runs on a kernel thread: it must not itself split work across
+    threads (``run``, ``run_steps``, ``run_jobs``), which would wait for the kernel threads
+    from one of them. Called from a kernel thread, the jobs run in order there."""
+    if numba.get_num_threads() <= 1 or threading.current_thread().name.startswith(_KERNEL_THREADS):
         for job in jobs:
             job()
         return

@@ -11,7 +11,7 @@ rows, the responses and the rewards beside the item join.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numba
@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from chainrows.engine.batch import Batch
 from chainrows.engine.select import build_candidates
+from chainrows.engine.threads import wait_out
 from chainrows.io.arrays import one_chunk
 from chainrows.io.joins import (
     Records, bools, column_values, int64s, join_calls, join_items, join_responses, join_rewards,
@@ -49,39 +50,44 @@ def build_batch(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table) -> tuple
     already come from the reader this is a cheap no-op pass (no casts; one scan of the id
     strings and the null bitmaps).
     """
-    utf8 = _Utf8Checks()
+    handed = _Handed()
+    utf8 = _Utf8Checks(handed)
     try:
-        batch, labels = _build(ledger, tokens, rollouts, utf8)
-    except Exception:
-        first = utf8.first_error()  # checked first when run serially, so its error wins
-        if first is None:
-            raise
-    else:
-        first = utf8.first_error()
-        if first is None:
-            return batch, labels
+        try:
+            batch, labels = _build(ledger, tokens, rollouts, utf8, handed)
+        except Exception:
+            first = utf8.first_error()  # checked first when run serially, so its error wins
+            if first is None:
+                raise
+        else:
+            first = utf8.first_error()
+            if first is None:
+                return batch, labels
+    finally:
+        handed.settle()  # an error or interrupt leaves nothing of this call on the helper thread
     raise first  # outside the handler: the error it replaces (and its frames) is not kept as context
 
 
-def _build(ledger, tokens, rollouts, utf8: _Utf8Checks) -> tuple[Batch, Labels]:
+def _build(ledger, tokens, rollouts, utf8: _Utf8Checks, handed: _Handed) -> tuple[Batch, Labels]:
     ledger = _canonical("ledger", ledger, utf8)
     tokens = _canonical("tokens", tokens, utf8)
     rollouts = _canonical("rollouts", rollouts, utf8)
-    buffers = _submit(token_buffers, tokens)  # depends on nothing else
+    buffers = handed.submit(token_buffers, tokens)  # depends on nothing else
     ro = join_rollouts(ledger, tokens, rollouts)
-    records = _submit(Records, rollouts, ro.of_record, ro.n)  # takes (copies) the rollouts rows
-    per_call = _submit(_call_columns, ro)
+    records = handed.submit(Records, rollouts, ro.of_record, ro.n)  # takes (copies) the rollouts rows
+    per_call = handed.submit(_call_columns, ro)
     calls = join_calls(ro, tokens)
-    tok_join = _submit(join_tokens, calls, len(ro.of_call), buffers)  # beside the item join
-    rec = records.result()
-    answers = _submit(_responses_and_rewards, ro, rec)
+    tok_join = handed.submit(join_tokens, calls, len(ro.of_call), buffers)  # beside the item join
+    answers = failed = None
     try:
+        rec = records.result()
+        answers = handed.submit(_responses_and_rewards, ro, rec)
         items = join_items(ro, rec)
         cand = build_candidates(ro.call_off, items.key_off, items.item_keys)
-    except Exception:
-        tok_join.result()  # run in order, the token rows' and responses' errors would have come first
-        answers.result()
-        raise
+    except Exception as exc:
+        failed = exc
+    if failed is not None:  # run in order, the token rows' error, then the responses', came first
+        raise _first_error([tok_join, answers], failed)  # outside the handler: nothing chained
     toks = tok_join.result()
     resp, rew = answers.result()
     col = per_call.result()
@@ -131,6 +137,40 @@ def _integrity_bad(ledger: pa.Table) -> np.ndarray:
         return np.zeros(ledger.num_rows, dtype=bool)
     return np.ascontiguousarray(one_chunk(ledger["integrity_error"]).is_valid()
                                 .to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _first_error(tasks: list, error: Exception) -> Exception:
+    """The error of the first of ``tasks`` (steps before ``error``'s in serial order, None
+    skipped) that fails, each waited for, or run when deferred, in turn; else ``error``."""
+    for task in tasks:
+        if task is None:
+            continue
+        try:
+            task.result()
+        except Exception as exc:  # noqa: BLE001 - returned for the caller to raise
+            return exc
+    return error
+
+
+class _Handed:
+    """What one ``build_batch`` call hands to the helper thread (:func:`_submit`), so that none
+    of it is left running when the call returns or raises (it would hold the call's arrays and
+    delay the next call's tasks behind it)."""
+
+    def __init__(self):
+        self._tasks = []
+
+    def submit(self, fn, *args):
+        task = _submit(fn, *args)
+        self._tasks.append(task)
+        return task
+
+    def settle(self) -> None:
+        """Wait until every task started on the helper thread is done, whatever interrupts come
+        meanwhile (a deferred task that was never asked for is never run)."""
+        for task in self._tasks:
+            if isinstance(task, Future):
+                wait_out(task)
 
 
 class _Deferred:
@@ -193,13 +233,14 @@ class _Utf8Checks:
     table is used (``check_offsets``: Arrow's full validation was the only check of it). With
     one thread the checks run when :meth:`first_error` asks for them, after the joins."""
 
-    def __init__(self):
+    def __init__(self, handed: _Handed):
+        self._handed = handed
         self._pending = []
 
     def __call__(self, name, file, table, row0):
         from chainrows.io.dataset import check_utf8
 
-        self._pending.append(_submit(check_utf8, name, file, table, row0))
+        self._pending.append(self._handed.submit(check_utf8, name, file, table, row0))
 
     def first_error(self) -> Exception | None:
         """Wait for every submitted check; the error of the first that failed, or None."""
