@@ -1123,44 +1123,35 @@ def test_api_utf8_error_wins_over_a_join_error(monkeypatch, threads):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_joins_beside_each_other_fail_in_serial_order(monkeypatch, threads):
-    """The token-row and responses joins run beside the item join (on the helper thread with
-    two threads, after it with one); when several fail, the error of the one first in serial
-    order (tokens, responses, items) comes, and each alone gives its own."""
+    """The token-row and responses joins run beside `Records` and the item join (on the helper
+    thread with two threads, when asked for with one); whichever of them fail, the error of the
+    one first in serial order (token rows, Records, responses, items) comes, raised on its own
+    rather than while handling a later one's."""
+    import itertools
+
     from chainrows import reassemble
     from chainrows.io import columnar
 
     def failing(message):
-        def join(*args):
+        def step(*args):
             raise InputError(message)
-        return join
+        return step
 
+    errors = {"join_tokens": "tokens: the token rows join failed",  # in serial order
+              "Records": "rollouts: taking the records failed",
+              "join_responses": "rollouts: the responses join failed",
+              "join_items": "ledger: the item join failed"}
     tables = _tables()
     with _Threads(threads):
-        monkeypatch.setattr(columnar, "join_items", failing("ledger: the item join failed"))
-        assert _err(reassemble, *tables) == "ledger: the item join failed"
-        monkeypatch.setattr(columnar, "join_responses", failing("rollouts: the responses join failed"))
-        assert _err(reassemble, *tables) == "rollouts: the responses join failed"
-        monkeypatch.setattr(columnar, "join_tokens", failing("tokens: the token rows join failed"))
-        assert _err(reassemble, *tables) == "tokens: the token rows join failed"
-        monkeypatch.undo()
-        monkeypatch.setattr(columnar, "join_responses", failing("rollouts: the responses join failed"))
-        assert _err(reassemble, *tables) == "rollouts: the responses join failed"
-        monkeypatch.setattr(columnar, "join_tokens", failing("tokens: the token rows join failed"))
-        assert _err(reassemble, *tables) == "tokens: the token rows join failed"
-        monkeypatch.undo()
-        monkeypatch.setattr(columnar, "join_tokens", failing("tokens: the token rows join failed"))
-        assert _err(reassemble, *tables) == "tokens: the token rows join failed"
-        monkeypatch.setattr(columnar, "join_items", failing("ledger: the item join failed"))
-        assert _err(reassemble, *tables) == "tokens: the token rows join failed"
-        with pytest.raises(InputError) as err:  # raised on its own, not while handling the other
-            reassemble(*tables)
-        assert err.value.__context__ is None and err.value.__cause__ is None
-        monkeypatch.undo()
-        monkeypatch.setattr(columnar, "Records", failing("rollouts: taking the records failed"))
-        assert _err(reassemble, *tables) == "rollouts: taking the records failed"
-        monkeypatch.setattr(columnar, "join_tokens", failing("tokens: the token rows join failed"))
-        assert _err(reassemble, *tables) == "tokens: the token rows join failed"
-        monkeypatch.undo()
+        for k in range(1, len(errors) + 1):
+            for steps in itertools.combinations(errors, k):
+                for step in steps:
+                    monkeypatch.setattr(columnar, step, failing(errors[step]))
+                with pytest.raises(InputError) as err:
+                    reassemble(*tables)
+                monkeypatch.undo()
+                assert str(err.value) == errors[steps[0]], steps
+                assert err.value.__context__ is None and err.value.__cause__ is None, steps
 
 
 def test_a_failed_build_leaves_nothing_on_the_helper_thread(monkeypatch):
