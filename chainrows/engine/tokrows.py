@@ -39,16 +39,18 @@ class TokenRows:
 
 
 @jit
-def _token_rows(of_token, row_chunk, tok_start, tok_stop, has_lp, lp_start, lp_stop, tok_row, duplicated,
+def _token_rows(of_token, row_chunk, tok_start, tok_stop, has_lp, lp_start, lp_stop, duplicated,
                 chunk, start, stop, out_lp_start, out_lp_stop, order):
     """Fills the outputs (length n_calls, ``order`` at least the calls with a row) as
     :func:`token_rows` describes; returns (calls with a row, rows naming no call).
 
     of_token int64[T]: each row's call, < n_calls, negative for none. row_chunk, tok_start,
-    tok_stop int64[T]; lp_start, lp_stop int64[T] when ``has_lp`` (else not read).
-    tok_row int64[n_calls]: scratch."""
-    for c in range(len(tok_row)):
-        tok_row[c] = -1
+    tok_stop int64[T]; lp_start, lp_stop int64[T] when ``has_lp`` (else not read). ``chunk``
+    holds each call's kept row until the last pass turns it into that row's buffer (no scratch
+    array: docs/decisions-engine.md "Per-call passes around the joins")."""
+    kept = chunk
+    for c in range(len(kept)):
+        kept[c] = -1
         duplicated[c] = False
     orphans = 0
     for j in range(len(of_token)):
@@ -56,11 +58,17 @@ def _token_rows(of_token, row_chunk, tok_start, tok_stop, has_lp, lp_start, lp_s
         if c < 0:
             orphans += 1
         else:
-            if tok_row[c] >= 0:
+            if kept[c] >= 0:
                 duplicated[c] = True
-            tok_row[c] = j
-    for c in range(len(tok_row)):
-        r = tok_row[c]
+            kept[c] = j
+    n = 0
+    for j in range(len(of_token)):
+        c = of_token[j]
+        if c >= 0 and kept[c] == j:
+            order[n] = c
+            n += 1
+    for c in range(len(kept)):
+        r = kept[c]
         if r < 0:
             chunk[c] = 0
             start[c] = NO_TOKENS
@@ -73,12 +81,6 @@ def _token_rows(of_token, row_chunk, tok_start, tok_stop, has_lp, lp_start, lp_s
             stop[c] = tok_stop[r]
             out_lp_start[c] = lp_start[r] if has_lp else NO_TOKENS
             out_lp_stop[c] = lp_stop[r] if has_lp else NO_TOKENS
-    n = 0
-    for j in range(len(of_token)):
-        c = of_token[j]
-        if c >= 0 and tok_row[c] == j:
-            order[n] = c
-            n += 1
     return n, orphans
 
 
@@ -95,12 +97,12 @@ def token_rows(of_token: np.ndarray, n_calls: int, row_chunk: np.ndarray, tok_st
         raise AssertionError("token_rows: per-row arrays disagree with the rows or name no call")
     row_chunk, tok_start, tok_stop, lp_start, lp_stop = (
         np.ascontiguousarray(a, dtype=np.int64) for a in given + (() if has_lp else (np.zeros(0),) * 2))
-    tok_row, chunk, start, stop, out_lp_start, out_lp_stop, order = (np.empty(n_calls, dtype=np.int64)
-                                                                     for _ in range(7))
+    chunk, start, stop, out_lp_start, out_lp_stop, order = (np.empty(n_calls, dtype=np.int64) for _ in range(6))
     duplicated = np.empty(n_calls, dtype=bool)
     n, orphans = _token_rows(of_token, row_chunk, tok_start, tok_stop, has_lp, lp_start, lp_stop,
-                             tok_row, duplicated, chunk, start, stop, out_lp_start, out_lp_stop, order)
-    return TokenRows(duplicated, chunk, start, stop, out_lp_start, out_lp_stop, order[:n].copy(), int(orphans))
+                             duplicated, chunk, start, stop, out_lp_start, out_lp_stop, order)
+    # a prefix of its buffer, not a copy: usually every call has a row (n == n_calls)
+    return TokenRows(duplicated, chunk, start, stop, out_lp_start, out_lp_stop, order[:n], int(orphans))
 
 
 def token_rows_py(of_token, n_calls, row_chunk, tok_start, tok_stop, lp_start=None, lp_stop=None) -> dict:
