@@ -560,6 +560,42 @@ def test_an_encrypted_file_is_one_line_not_an_abort(cli, good, tmp_path, columns
     assert "encrypt" in line and "internal error" not in line
 
 
+def _stray_signature_bytes(path: Path) -> None:
+    """28 stray bytes between ``path``'s footer metadata and its length, the length counting
+    them: a plaintext footer's layout with its signature, without any encryption."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[-8:-4], "little")
+    path.write_bytes(data[:-8] + bytes(range(28)) + (n + 28).to_bytes(4, "little") + b"PAR1")
+
+
+@pytest.mark.parametrize("route", [[], ["--buckets", "2"], ["--steps", "2"]], ids=["memory", "spill", "stream"])
+def test_stray_bytes_after_a_footer_are_not_taken_for_encryption(cli, good, tmp_path, route):
+    """A footer followed by as many stray bytes as an encryption signature was refused as
+    encrypted; pyarrow reads such a file, and so does chainrows now: the same rows as without
+    the bytes. The footer's metadata, not its length, tells (``footers.names_encryption``)."""
+    from chainrows.io.footers import names_encryption
+
+    assert_ran(cli.run("reassemble", good, tmp_path / "clean", *route))
+    ledger = good / "ledger.parquet"
+    _stray_signature_bytes(ledger)
+    assert pq.ParquetFile(ledger).metadata.num_rows > 0  # pyarrow reads it
+    assert_ran(cli.run("reassemble", good, tmp_path / "out", *route))
+    assert pq.read_table(tmp_path / "out" / "rows").equals(pq.read_table(tmp_path / "clean" / "rows"))
+    assert pq.read_table(tmp_path / "out" / "report.parquet").equals(
+        pq.read_table(tmp_path / "clean" / "report.parquet"))
+
+    data = ledger.read_bytes()
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    meta = data[footer:len(data) - 8 - 28]
+    assert not names_encryption(meta)
+    assert names_encryption(meta[: len(meta) // 2])  # unparseable: refused, never read
+    encrypted = tmp_path / "encrypted.parquet"
+    _encrypted(encrypted, pq.read_table(ledger), ["call_id"], True)
+    data = encrypted.read_bytes()
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    assert names_encryption(data[footer:len(data) - 8 - 28])
+
+
 # ----------------------------------------------------------------------------- outputs
 
 def test_output_under_a_file(cli, good, tmp_path):

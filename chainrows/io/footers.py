@@ -198,6 +198,101 @@ def _read(name: str, file: Path) -> FileFacts:
 
 MAGIC = b"PAR1"
 SIGNATURE_BYTES = 28  # after a plaintext footer of an encrypted file: 12-byte nonce, 16-byte tag
+ENCRYPTION_FIELDS = (8, 9)  # FileMetaData's encryption_algorithm, footer_signing_key_metadata
+
+
+def names_encryption(metadata: bytes) -> bool:
+    """The serialized FileMetaData (Thrift compact protocol) has a top-level field naming
+    encryption: what tells a plaintext footer of an encrypted file from a footer followed by
+    as many stray bytes as a signature (pyarrow reads such a file). Unparseable metadata counts
+    as encrypted: refused, never handed to the reader that aborts on encrypted columns."""
+    try:
+        return bool(set(_top_level_fields(metadata)) & set(ENCRYPTION_FIELDS))
+    except (IndexError, ValueError):
+        return True
+
+
+def _top_level_fields(buf: bytes) -> list[int]:
+    """The field ids of the Thrift compact-protocol struct at the start of ``buf``."""
+    pos, ids = 0, []
+    last = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        kind = byte & 0x0F
+        if kind == 0:  # stop
+            return ids
+        delta = byte >> 4
+        if delta:
+            last += delta
+        else:
+            raw, pos = _varint(buf, pos)
+            last = _unzigzag(raw)
+        ids.append(last)
+        pos = _skip(buf, pos, kind, in_field=True)
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 70:
+            raise ValueError("varint too long")
+
+
+def _unzigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)
+
+
+def _skip(buf: bytes, pos: int, kind: int, in_field: bool = False, depth: int = 0) -> int:
+    """The position after a value of compact type ``kind`` at ``pos`` (a bool is in its field
+    header when ``in_field``, else one byte)."""
+    if depth > 64:
+        raise ValueError("nested too deep")
+    if kind in (1, 2):  # bool
+        return pos if in_field else pos + 1
+    if kind == 3:  # byte
+        return pos + 1
+    if kind in (4, 5, 6):  # i16, i32, i64
+        return _varint(buf, pos)[1]
+    if kind == 7:  # double
+        return pos + 8
+    if kind == 8:  # binary
+        n, pos = _varint(buf, pos)
+        return pos + n
+    if kind in (9, 10):  # list, set
+        head = buf[pos]
+        pos += 1
+        n, elem = head >> 4, head & 0x0F
+        if n == 15:
+            n, pos = _varint(buf, pos)
+        for _ in range(n):
+            pos = _skip(buf, pos, elem, depth=depth + 1)
+        return pos
+    if kind == 11:  # map
+        n, pos = _varint(buf, pos)
+        if n:
+            types = buf[pos]
+            pos += 1
+            for _ in range(n):
+                pos = _skip(buf, pos, types >> 4, depth=depth + 1)
+                pos = _skip(buf, pos, types & 0x0F, depth=depth + 1)
+        return pos
+    if kind == 12:  # struct
+        while True:
+            byte = buf[pos]
+            pos += 1
+            if byte & 0x0F == 0:
+                return pos
+            if not byte >> 4:
+                pos = _varint(buf, pos)[1]
+            pos = _skip(buf, pos, byte & 0x0F, in_field=True, depth=depth + 1)
+    raise ValueError(f"unknown compact type {kind}")
 
 
 def facts_of(fh: pa.NativeFile) -> FileFacts:
@@ -213,7 +308,9 @@ def facts_of(fh: pa.NativeFile) -> FileFacts:
     pf = pq.ParquetFile(fh)
     md = pf.metadata
     tail = fh.read_at(len(MAGIC) + 4, fh.size() - len(MAGIC) - 4)
-    if tail[4:] == MAGIC and int.from_bytes(tail[:4], "little") == md.serialized_size + SIGNATURE_BYTES:
+    footer_len = int.from_bytes(tail[:4], "little")
+    if tail[4:] == MAGIC and footer_len == md.serialized_size + SIGNATURE_BYTES and \
+            names_encryption(fh.read_at(md.serialized_size, fh.size() - len(MAGIC) - 4 - footer_len)):
         raise ValueError("encrypted columns (Parquet modular encryption), which chainrows does not "
                          "read: decrypt the file first")
     schema = pf.schema_arrow
