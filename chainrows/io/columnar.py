@@ -139,7 +139,7 @@ def _integrity_bad(ledger: pa.Table) -> np.ndarray:
                                 .to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _first_error(tasks: list, error: Exception) -> Exception:
+def _first_error(tasks: list, error: Exception | None) -> Exception | None:
     """The error of the first of ``tasks`` (steps before ``error``'s in serial order, None
     skipped) that fails, each waited for, or run when deferred, in turn; else ``error``."""
     for task in tasks:
@@ -243,15 +243,10 @@ class _Utf8Checks:
         self._pending.append(self._handed.submit(check_utf8, name, file, table, row0))
 
     def first_error(self) -> Exception | None:
-        """Wait for every submitted check; the error of the first that failed, or None."""
+        """The error of the first submitted check that fails, in submission order, or None
+        (checks still running after it are waited out by ``_Handed.settle``)."""
         pending, self._pending = self._pending, []
-        errors = []
-        for check in pending:
-            try:
-                check.result()
-            except Exception as exc:  # noqa: BLE001 - the caller raises it, in submission order
-                errors.append(exc)
-        return errors[0] if errors else None
+        return _first_error(pending, None)
 
 
 def _canonical(name: str, table, utf8_check=None) -> pa.Table:

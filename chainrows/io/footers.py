@@ -214,22 +214,29 @@ def names_encryption(metadata: bytes) -> bool:
 
 def _top_level_fields(buf: bytes) -> list[int]:
     """The field ids of the Thrift compact-protocol struct at the start of ``buf``."""
-    pos, ids = 0, []
-    last = 0
+    ids: list[int] = []
+    _struct_end(buf, 0, 0, ids)
+    return ids
+
+
+def _struct_end(buf: bytes, pos: int, depth: int, ids: list[int] | None = None) -> int:
+    """The position after the fields of the struct at ``pos`` (its stop byte included); each
+    field's id appended to ``ids`` when given."""
+    field = 0
     while True:
         byte = buf[pos]
         pos += 1
         kind = byte & 0x0F
         if kind == 0:  # stop
-            return ids
-        delta = byte >> 4
-        if delta:
-            last += delta
+            return pos
+        if byte >> 4:  # the id as a delta from the previous field's
+            field += byte >> 4
         else:
             raw, pos = _varint(buf, pos)
-            last = _unzigzag(raw)
-        ids.append(last)
-        pos = _skip(buf, pos, kind, in_field=True)
+            field = _unzigzag(raw)
+        if ids is not None:
+            ids.append(field)
+        pos = _skip(buf, pos, kind, in_field=True, depth=depth)
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -284,14 +291,7 @@ def _skip(buf: bytes, pos: int, kind: int, in_field: bool = False, depth: int = 
                 pos = _skip(buf, pos, types & 0x0F, depth=depth + 1)
         return pos
     if kind == 12:  # struct
-        while True:
-            byte = buf[pos]
-            pos += 1
-            if byte & 0x0F == 0:
-                return pos
-            if not byte >> 4:
-                pos = _varint(buf, pos)[1]
-            pos = _skip(buf, pos, byte & 0x0F, in_field=True, depth=depth + 1)
+        return _struct_end(buf, pos, depth + 1)
     raise ValueError(f"unknown compact type {kind}")
 
 
