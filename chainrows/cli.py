@@ -466,8 +466,9 @@ def console_main() -> int:
     own. There, unless the command needs Ray Data (``--ray``, which uses pandas), pandas is kept
     out of the process: pyarrow imports it, when it is installed, on the first ``pa.array``
     call, only to ask whether the argument is a pandas object, and that import costs every
-    command 0.2-0.4 s and ~30 MB of resident memory (docs/decisions-io.md "pandas"). Callers
-    of :func:`main` in a process of their own (tests, notebooks) keep their pandas."""
+    command 0.2-0.4 s and ~30 MB of resident memory (docs/decisions-io.md "pandas"). The
+    process also gets no transparent huge pages (:func:`_set_huge_pages`). Callers of
+    :func:`main` in a process of their own (tests, notebooks) keep their pandas and huge pages."""
     return main(own_process=True)
 
 
@@ -482,10 +483,29 @@ def _keep_pandas_out(args: argparse.Namespace) -> _NoPandas | None:
     return finder
 
 
+HUGE_PAGES_ENV = "CHAINROWS_HUGE_PAGES"
+_HUGE_PAGES = {"off": False, "system": None}  # None: leave the system's setting
+
+
+def _set_huge_pages() -> str | None:
+    """In the command's own process: forbid transparent huge pages (``io.memory.set_huge_pages``),
+    unless ``CHAINROWS_HUGE_PAGES=system`` keeps the system's setting. Returns the error for
+    any other value, else None. Huge pages faulting in dominated runs on virtual machines whose
+    host reclaims free memory (docs/limits.md "Huge pages")."""
+    value = os.environ.get(HUGE_PAGES_ENV, "off")
+    if value not in _HUGE_PAGES:
+        return f"{HUGE_PAGES_ENV}={value!r}: expected one of {', '.join(_HUGE_PAGES)}"
+    if _HUGE_PAGES[value] is not None:
+        from chainrows.io.memory import set_huge_pages
+
+        set_huge_pages(_HUGE_PAGES[value])
+    return None
+
+
 def main(argv=None, *, own_process: bool = False) -> int:
     """Run one command; returns its exit code (0, 1, 2, 130 or 143, see the module docstring).
     ``own_process``: the process runs this one command (:func:`console_main`), so pandas may be
-    kept out of it while the command runs."""
+    kept out of it while the command runs, and huge pages forbidden."""
     previous = _catch_sigterm()
     try:
         return _main(argv, own_process)
@@ -510,6 +530,11 @@ def _main(argv, own_process: bool = False) -> int:
         return 2
     else:
         command = COMMANDS[args.command]
+    if own_process and not args.version:
+        bad = _set_huge_pages()
+        if bad:
+            print(f"chainrows: error: {bad}", file=sys.stderr)
+            return 2
     finder = _keep_pandas_out(args) if own_process else None
     from chainrows.io.errors import InputError, WriteError, write_error
     from chainrows.io.write import OutputExistsError

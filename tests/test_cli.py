@@ -20,6 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from chainrows.cli import HUGE_PAGES_ENV
+from chainrows.cli import main as cli_main
 from test_fuzz import (  # noqa: F401  (cli is a fixture)
     REPO,
     _from_builders,
@@ -847,3 +849,50 @@ def test_pandas_is_kept_out_only_while_the_commands_own_process_runs_without_ray
                         lambda a: seen.append(any(isinstance(f, cli_module._NoPandas) for f in sys.meta_path)) or 0)
     assert cli_module.main(["--version"], own_process=True) == 0
     assert seen == [True] and sys.meta_path == before  # in place while the command ran, then removed
+
+
+# ----------------------------------------------------------------------------- huge pages
+
+def _huge_pages_after_command(args, env_value=None):
+    """(exit code, stderr, whether huge pages were allowed when the process exited) of the
+    command run as ``python -m chainrows`` in a process that allowed them at its start."""
+    code = ("import atexit, runpy, sys\n"
+            "from chainrows.io.memory import huge_pages_enabled, set_huge_pages\n"
+            "assert set_huge_pages(True)\n"
+            "atexit.register(lambda: print('huge pages:', huge_pages_enabled()))\n"
+            f"sys.argv = ['chainrows', *{list(map(str, args))!r}]\n"
+            "runpy.run_module('chainrows', run_name='__main__', alter_sys=True)\n")
+    env = _env()
+    env.pop(HUGE_PAGES_ENV, None)
+    if env_value is not None:
+        env[HUGE_PAGES_ENV] = env_value
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stderr, p.stdout.splitlines()[-1]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_THP_DISABLE) is Linux's")
+def test_the_command_forbids_huge_pages_in_its_process_unless_told_to_keep_the_systems(good, tmp_path):
+    rc, err, last = _huge_pages_after_command(["reassemble", good, tmp_path / "a"])
+    assert (rc, err, last) == (0, "", "huge pages: False")
+    rc, err, last = _huge_pages_after_command(["reassemble", good, tmp_path / "b"], "system")
+    assert (rc, err, last) == (0, "", "huge pages: True")
+    assert (pq.read_table(tmp_path / "a" / "rows").equals(pq.read_table(tmp_path / "b" / "rows")))
+    rc, err, last = _huge_pages_after_command(["reassemble", good, tmp_path / "c"], "never")
+    assert rc == 2 and last == "huge pages: True" and not (tmp_path / "c").exists()
+    assert err == "chainrows: error: CHAINROWS_HUGE_PAGES='never': expected one of off, system\n"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_THP_DISABLE) is Linux's")
+def test_main_in_a_callers_process_leaves_its_huge_pages_alone(good, tmp_path, monkeypatch):
+    from chainrows.io.memory import huge_pages_enabled, set_huge_pages
+
+    monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    before = huge_pages_enabled()
+    try:
+        assert set_huge_pages(True) and huge_pages_enabled() is True
+        assert cli_main(["reassemble", str(good), str(tmp_path / "out")]) == 0
+        assert huge_pages_enabled() is True
+        assert set_huge_pages(False) and huge_pages_enabled() is False
+        assert open("/proc/self/status").read().split("THP_enabled:")[1].split()[0] == "0"
+    finally:
+        set_huge_pages(bool(before))

@@ -1,4 +1,5 @@
-"""What the process holds: its resident set, and handing freed memory back to the OS."""
+"""What the process holds: its resident set, handing freed memory back to the OS, and whether
+its new memory may come as transparent huge pages."""
 
 from __future__ import annotations
 
@@ -16,6 +17,44 @@ def _find_malloc_trim():
 
 
 _MALLOC_TRIM = _find_malloc_trim()
+
+_PR_SET_THP_DISABLE = 41  # linux/prctl.h, Linux 3.15+
+_PR_GET_THP_DISABLE = 42
+
+
+def _find_prctl():
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError, TypeError):
+        return None
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+_PRCTL = _find_prctl()
+
+
+def set_huge_pages(enabled: bool) -> bool:
+    """Allow (True) or forbid (False) transparent huge pages for this process's memory from
+    now on, and for the processes it starts (``prctl(PR_SET_THP_DISABLE)``; Linux only).
+    Returns whether the setting took; False where the system has no such switch.
+
+    NumPy and Arrow's allocator ask for huge pages for large buffers. On a virtual machine whose
+    host reclaims the guest's free memory (free page reporting), a huge page faulting in can
+    cost milliseconds, several times more per byte than small pages: the ``chainrows`` command
+    forbids them for its own process (docs/limits.md "Huge pages")."""
+    if _PRCTL is None:
+        return False
+    return _PRCTL(_PR_SET_THP_DISABLE, 0 if enabled else 1, 0, 0, 0) == 0
+
+
+def huge_pages_enabled() -> bool | None:
+    """Whether this process may get transparent huge pages (:func:`set_huge_pages`), or None
+    where the system cannot say."""
+    if _PRCTL is None:
+        return None
+    forbidden = _PRCTL(_PR_GET_THP_DISABLE, 0, 0, 0, 0)
+    return None if forbidden < 0 else forbidden == 0
 
 
 def release_memory() -> None:
