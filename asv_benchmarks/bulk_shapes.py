@@ -281,10 +281,18 @@ def main(argv=None) -> int:
     ap.add_argument("--api", action="store_true", help="also the API against the copy floor")
     ap.add_argument("--retained", action="store_true",
                     help="also the API in a process whose allocators keep freed memory (RETAIN_ENV)")
+    ap.add_argument("--no-huge-pages", action="store_true",
+                    help="forbid transparent huge pages in this process and every process it starts "
+                         "(the floor's, the API's); the chainrows command forbids them in its own anyway")
     a = ap.parse_args(argv)
+    from chainrows.io.memory import set_huge_pages
+
+    if a.no_huge_pages and not set_huge_pages(False):
+        ap.error("--no-huge-pages: this system cannot forbid transparent huge pages")
     work = Path(a.work) if a.work else common.cache_root() / "bulk-shapes-out"
     print(f"chainrows CLI vs pyarrow floor, {a.gb:g} GB of token+logprob bytes, best of {a.repeats}, "
-          f"{os.cpu_count()} CPUs (a shared machine: read the ratios)")
+          f"{os.cpu_count()} CPUs (a shared machine: read the ratios); huge pages "
+          f"{'forbidden' if a.no_huge_pages else 'as the system sets them'} outside the chainrows command")
     for shape in [s.strip() for s in a.shapes.split(",") if s.strip()]:
         r = cli_vs_floor(shape, a.gb, a.repeats, work)
         print(cli_line(r), flush=True)
