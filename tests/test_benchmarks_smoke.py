@@ -193,3 +193,42 @@ def test_wide_shape_is_its_source_with_text_a_run_never_reads(tmp_path):
     assert sb.input_bytes == sa.input_bytes and sb.path == sa.path
     assert (tmp_path / "ob" / "report.parquet").read_bytes() == (tmp_path / "oa" / "report.parquet").read_bytes()
 
+
+
+def test_per_call_floor_runs_every_pass_over_every_row_and_id(tmp_path, capsys):
+    """``per_call_floor``: its kernels compute what they claim on a short-calls dataset (XXH3 of
+    every token row as the ``xxhash`` package has it, the logprobs' largest magnitude bits), its
+    counts cover every call and id string, and ``main`` prints its line."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import xxhash
+
+    from asv_benchmarks import per_call_floor as pcf
+    from asv_benchmarks.shapes import write_shaped_dataset
+    from chainrows.io.dataset import read_dataset
+
+    src = write_shaped_dataset(tmp_path / "short", "short", 400_000, seed=2)
+    ds = read_dataset(src)
+    tok_off, tok = pcf._list_column(ds.tokens, "tokens")
+    lp_off, lp = pcf._list_column(ds.tokens, "logprobs")
+    want = 0
+    for i in range(len(tok_off) - 1):
+        want ^= xxhash.xxh3_64_intdigest(tok[tok_off[i]:tok_off[i + 1]].astype("<i4").tobytes())
+    assert int(pcf.hash_rows(tok_off, tok)) == want
+    bits = lp.view(np.uint32)
+    assert int(pcf.max_bits(lp_off, bits)) == int((bits & 0x7FFFFFFF).max())
+
+    tables = (ds.ledger, ds.tokens, ds.rollouts)
+    r = pcf.per_call_floor(tables, out_bytes=1 << 20, repeats=1)
+    strings = 0
+    for table, names in zip(tables, pcf.ID_COLUMNS.values()):
+        for name in names:
+            col = table[name]
+            while pa.types.is_list(col.type):
+                col = pc.list_flatten(col)
+            strings += len(col)
+    assert r["calls"] == ds.tokens.num_rows and r["id_strings"] == strings
+    assert all(r[k] > 0 for k in ("copy", "hash", "logprobs", "ids"))
+    assert pcf.main([str(src), "--repeats", "1"]) == 0
+    assert f"{ds.tokens.num_rows:,} calls" in capsys.readouterr().out
