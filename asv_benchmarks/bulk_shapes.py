@@ -23,8 +23,13 @@ of request text and transcripts beside the format's columns) at ``--gb`` of toke
 - API with freed memory retained (``--retained``): the same, in a fresh process whose
   allocators keep freed memory for reuse (``RETAIN_ENV``: mimalloc never purges, glibc never
   maps an array on its own nor trims; docs/decisions-engine.md "Fresh memory on this VM").
+- Huge pages: the ``chainrows`` command forbids transparent huge pages in its own process
+  (docs/limits.md "Huge pages"); the floor and the API keep the system's setting unless
+  ``--no-huge-pages`` forbids them in this process and every process it starts. The first
+  line printed says which; on a machine where huge pages fault in slowly the two floors differ
+  by 2-3x, so compare runs made the same way.
 
-    python -m asv_benchmarks.bulk_shapes --gb 2.1 --shapes capture,shuffled --api [--retained]
+    python -m asv_benchmarks.bulk_shapes --gb 2.1 --shapes capture,shuffled --api [--retained] [--no-huge-pages]
 """
 
 from __future__ import annotations

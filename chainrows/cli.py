@@ -29,7 +29,8 @@ from chainrows.stdout import StdoutError, detach_stdout, print_summary
 DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
 EPILOG = ("exit codes: 0 ran (masked rollouts included), 2 unusable input or arguments (one line), "
           "1 internal error or out of memory or disk (CHAINROWS_DEBUG=1 shows the traceback), 130 interrupted, 143 terminated, "
-          "141 stdout closed by its reader (e.g. | head). "
+          "141 stdout closed by its reader (e.g. | head). Commands run without transparent huge pages "
+          "(CHAINROWS_HUGE_PAGES=system keeps the system's setting; docs/limits.md). "
           "The input format is docs/format.md, the reason codes docs/reasons.md.")
 COMPILING = "compiling kernels (first run; later runs load them from the cache)..."
 
@@ -489,12 +490,13 @@ _HUGE_PAGES = {"off": False, "system": None}  # None: leave the system's setting
 
 def _set_huge_pages() -> str | None:
     """In the command's own process: forbid transparent huge pages (``io.memory.set_huge_pages``),
-    unless ``CHAINROWS_HUGE_PAGES=system`` keeps the system's setting. Returns the error for
-    any other value, else None. Huge pages faulting in dominated runs on virtual machines whose
+    unless ``CHAINROWS_HUGE_PAGES=system`` keeps the system's setting (case and surrounding
+    blanks ignored; empty is unset). Returns the error for any other value, else None. Huge pages faulting in dominated runs on virtual machines whose
     host reclaims free memory (docs/limits.md "Huge pages")."""
-    value = os.environ.get(HUGE_PAGES_ENV, "off")
+    given = os.environ.get(HUGE_PAGES_ENV, "")
+    value = given.strip().lower() or "off"  # empty: unset, as CHAINROWS_DEBUG
     if value not in _HUGE_PAGES:
-        return f"{HUGE_PAGES_ENV}={value!r}: expected one of {', '.join(_HUGE_PAGES)}"
+        return f"{HUGE_PAGES_ENV}={given!r}: expected one of {', '.join(_HUGE_PAGES)}"
     if _HUGE_PAGES[value] is not None:
         from chainrows.io.memory import set_huge_pages
 

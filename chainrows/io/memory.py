@@ -28,6 +28,7 @@ def _find_prctl():
     except (OSError, AttributeError, TypeError):
         return None
     prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     return prctl
 
 
@@ -35,8 +36,8 @@ _PRCTL = _find_prctl()
 
 
 def set_huge_pages(enabled: bool) -> bool:
-    """Allow (True) or forbid (False) transparent huge pages for this process's memory from
-    now on, and for the processes it starts (``prctl(PR_SET_THP_DISABLE)``; Linux only).
+    """Allow (True) or forbid (False) transparent huge pages for this process's memory (on
+    Linux before 5.0, its new mappings only), and for the processes it starts (``prctl(PR_SET_THP_DISABLE)``; Linux only).
     Returns whether the setting took; False where the system has no such switch.
 
     NumPy and Arrow's allocator ask for huge pages for large buffers. On a virtual machine whose
@@ -49,8 +50,9 @@ def set_huge_pages(enabled: bool) -> bool:
 
 
 def huge_pages_enabled() -> bool | None:
-    """Whether this process may get transparent huge pages (:func:`set_huge_pages`), or None
-    where the system cannot say."""
+    """False when this process forbids itself transparent huge pages (:func:`set_huge_pages`),
+    True when it does not (the system's own setting, which may be ``never``, still applies),
+    None where the system has no such switch."""
     if _PRCTL is None:
         return None
     forbidden = _PRCTL(_PR_GET_THP_DISABLE, 0, 0, 0, 0)
