@@ -29,6 +29,9 @@ of request text and transcripts beside the format's columns) at ``--gb`` of toke
   line printed says which; on a machine where huge pages fault in slowly the two floors differ
   by 2-3x, so compare runs made the same way.
 
+One run at a time per output directory (``--work``, default ``bulk-shapes-out`` in the benchmark
+cache): a second is refused, exit 2, as two runs there delete each other's outputs.
+
     python -m asv_benchmarks.bulk_shapes --gb 2.1 --shapes capture,shuffled --api [--retained] [--no-huge-pages]
 """
 
@@ -277,6 +280,21 @@ def cli_line(r: dict) -> str:
             f"(process walls {c['seconds'] / f['wall']:.2f}x)")
 
 
+def _lock_work(work: Path):
+    """An exclusive flock on ``work/.lock`` (the file, open), or None when another run holds it:
+    two runs in one output directory delete each other's outputs mid-run."""
+    import fcntl
+
+    work.mkdir(parents=True, exist_ok=True)
+    f = open(work / ".lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.bulk_shapes", description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=2.1)
@@ -295,6 +313,9 @@ def main(argv=None) -> int:
     if a.no_huge_pages and not set_huge_pages(False):
         ap.error("--no-huge-pages: this system cannot forbid transparent huge pages")
     work = Path(a.work) if a.work else common.cache_root() / "bulk-shapes-out"
+    lock = _lock_work(work)  # held until the process exits
+    if lock is None:
+        ap.error(f"another bulk_shapes run is using {work}: wait for it, or pass --work DIR")
     print(f"chainrows CLI vs pyarrow floor, {a.gb:g} GB of token+logprob bytes, best of {a.repeats}, "
           f"{os.cpu_count()} CPUs (a shared machine: read the ratios); huge pages "
           f"{'forbidden' if a.no_huge_pages else 'as the system sets them'} outside the chainrows command")

@@ -231,3 +231,22 @@ def test_per_call_floor_runs_every_pass_over_every_row_and_id(tmp_path, capsys):
     assert all(r[k] > 0 for k in ("copy", "hash", "logprobs", "ids"))
     assert pcf.main([str(src), "--repeats", "1"]) == 0
     assert f"{ds.tokens.num_rows:,} calls" in capsys.readouterr().out
+
+
+def test_bulk_shapes_refuses_a_work_directory_another_run_holds(tmp_path, capsys):
+    """Two runs in one work directory removed each other's outputs mid-run: the second is
+    refused before it reads or writes anything."""
+    from asv_benchmarks import bulk_shapes
+
+    work = tmp_path / "work"
+    held = bulk_shapes._lock_work(work)
+    assert held is not None
+    with pytest.raises(SystemExit) as exc:
+        bulk_shapes.main(["--gb", "0.001", "--shapes", "capture", "--repeats", "1", "--work", str(work)])
+    assert exc.value.code == 2
+    assert f"another bulk_shapes run is using {work}" in capsys.readouterr().err
+    assert sorted(p.name for p in work.iterdir()) == [".lock"]
+    held.close()
+    again = bulk_shapes._lock_work(work)  # free once the holder closes it
+    assert again is not None
+    again.close()
