@@ -9,36 +9,28 @@ from contextlib import contextmanager
 import pyarrow as pa
 
 
-def _find_malloc_trim():
+def _libc(name: str, restype=None, argtypes=None):
+    """The C library's function ``name``, or None where this process's C library lacks it."""
     try:
-        return ctypes.CDLL(None).malloc_trim  # glibc only
+        fn = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError, TypeError):
         return None
+    if restype is not None:
+        fn.restype, fn.argtypes = restype, argtypes
+    return fn
 
 
-_MALLOC_TRIM = _find_malloc_trim()
-
+_MALLOC_TRIM = _libc("malloc_trim")  # glibc only
 _PR_SET_THP_DISABLE = 41  # linux/prctl.h, Linux 3.15+
 _PR_GET_THP_DISABLE = 42
-
-
-def _find_prctl():
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError, TypeError):
-        return None
-    prctl.restype = ctypes.c_int
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    return prctl
-
-
-_PRCTL = _find_prctl()
+_PRCTL = _libc("prctl", ctypes.c_int, [ctypes.c_int] + [ctypes.c_ulong] * 4)
 
 
 def set_huge_pages(enabled: bool) -> bool:
     """Allow (True) or forbid (False) transparent huge pages for this process's memory (on
-    Linux before 5.0, its new mappings only), and for the processes it starts (``prctl(PR_SET_THP_DISABLE)``; Linux only).
-    Returns whether the setting took; False where the system has no such switch.
+    Linux before 5.0, its new mappings only) and for the processes it starts
+    (``prctl(PR_SET_THP_DISABLE)``; Linux only). Returns whether the setting took; False where
+    the system has no such switch.
 
     NumPy and Arrow's allocator ask for huge pages for large buffers. On a virtual machine whose
     host reclaims the guest's free memory (free page reporting), a huge page faulting in can
