@@ -186,6 +186,22 @@ def _string_values(col):
     return pa.chunked_array(chunks, chunks[0].type) if chunks else None
 
 
+def id_string_columns(tables) -> list:
+    """Every id column of the tables (string columns and lists of strings, ``integrity_error``
+    left out: an error text, not an id) as a ChunkedArray of its strings, lists flattened."""
+    from chainrows.io.dataset import _has_strings  # a string column, or lists of strings
+
+    cols = [_string_values(t.column(name)) for t in tables for name in t.column_names
+            if name != "integrity_error" and _has_strings(t.schema.field(name).type)]
+    return [c for c in cols if c is not None]
+
+
+def output_list_bytes(result) -> int:
+    """The bytes of a result's output lists (input_ids, loss_mask, logprobs values)."""
+    return sum(result.rows[c].combine_chunks().values.nbytes
+               for c in ("input_ids", "loss_mask", "logprobs") if c in result.rows.column_names)
+
+
 def _id_hash_seconds(tables, repeats: int) -> float:
     """Best seconds of pyarrow hashing every id string of the tables once: one
     ``pc.dictionary_encode`` per string column (list columns by their item strings), on one
@@ -195,11 +211,7 @@ def _id_hash_seconds(tables, repeats: int) -> float:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from chainrows.io.dataset import _has_strings  # a string column, or lists of strings
-
-    cols = [_string_values(t.column(name)) for t in tables for name in t.column_names
-            if name != "integrity_error" and _has_strings(t.schema.field(name).type)]  # an error text, not an id
-    cols = [c for c in cols if c is not None]
+    cols = id_string_columns(tables)
     threads = pa.cpu_count()
     pa.set_cpu_count(1)
     try:
@@ -219,8 +231,7 @@ def api_vs_copy(src: Path, repeats: int) -> dict:
     ds = read_dataset(src)
     tables = (ds.ledger, ds.tokens, ds.rollouts)
     result = chainrows.reassemble(*tables)  # warm
-    out_bytes = sum(result.rows[c].combine_chunks().values.nbytes
-                    for c in ("input_ids", "loss_mask", "logprobs") if c in result.rows.column_names)
+    out_bytes = output_list_bytes(result)
     del result
     copy = _copy_seconds(out_bytes, repeats)
     fresh = _fresh_copy_seconds(out_bytes, repeats)
@@ -313,7 +324,7 @@ def main(argv=None) -> int:
     if a.no_huge_pages and not set_huge_pages(False):
         ap.error("--no-huge-pages: this system cannot forbid transparent huge pages")
     work = Path(a.work) if a.work else common.cache_root() / "bulk-shapes-out"
-    lock = _lock_work(work)  # held until the process exits
+    lock = _lock_work(work)  # held while this function runs
     if lock is None:
         ap.error(f"another bulk_shapes run is using {work}: wait for it, or pass --work DIR")
     print(f"chainrows CLI vs pyarrow floor, {a.gb:g} GB of token+logprob bytes, best of {a.repeats}, "

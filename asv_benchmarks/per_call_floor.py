@@ -8,9 +8,9 @@ thread, into memory already touched, with nothing stored, no table built and no 
 - ``copy``: the floor itself, one copy of all output list bytes;
 - ``hash``: XXH3-64 of every token row (check 14 hashes each call's delta);
 - ``logprobs``: the max over every logprob's bits (check 15 reads each);
-- ``ids``: every non-null id string of the three tables hashed once by the engine's string-join hash
-  (checks 4-9 and the joins read each: call, parent and response ids, item and output ids,
-  rollout, group, terminal and accepted ids).
+- ``ids``: every non-null id string of the three tables (``bulk_shapes.id_string_columns``)
+  hashed once by the engine's string-join hash (checks 4-9 and the joins read each: call,
+  parent and response ids, item and output ids, rollout, group, terminal and accepted ids).
 
 ``copy + hash + logprobs + ids`` estimates the least time any implementation of the SPEC takes
 on the data before it looks up a single id; ``hash + logprobs + ids`` grants that a fused pass
@@ -29,17 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from asv_benchmarks import common
+from asv_benchmarks.bulk_shapes import id_string_columns, output_list_bytes
 from chainrows.engine._jit import jit
 from chainrows.engine.strjoin import _hash
 from chainrows.engine.verify import _max_abs_bits
 from chainrows.engine.xxh3 import xxh3_64_tokens
-
-ID_COLUMNS = {
-    "ledger": ("rollout_id", "call_id", "parent_id", "response_id", "item_ids"),
-    "tokens": ("rollout_id", "call_id"),
-    "rollouts": ("rollout_id", "group_id", "output_ids", "terminal_response_id", "accepted_response_ids"),
-}
-
 
 @jit
 def hash_rows(off, tokens):
@@ -74,12 +68,9 @@ def _list_column(table, name):
 
 
 def _strings(column):
-    """(offsets int64, bytes padded by 8) of a string or list-of-strings column's non-null
-    strings (the engine skips null ids)."""
-    a = column.combine_chunks()
-    while pa.types.is_list(a.type) or pa.types.is_large_list(a.type):
-        a = a.flatten()
-    a = pc.drop_null(a).cast(pa.large_string())
+    """(offsets int64, bytes padded by 8) of a column of strings' non-null strings (the engine
+    skips null ids)."""
+    a = pc.drop_null(column.combine_chunks()).cast(pa.large_string())
     _, off_buf, data_buf = a.buffers()
     off = np.frombuffer(off_buf, np.int64)[a.offset:a.offset + len(a) + 1]
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
@@ -97,8 +88,7 @@ def per_call_floor(tables, out_bytes: int, repeats: int = 5) -> dict:
     else:
         lp_off, lp = np.zeros_like(tok_off), np.zeros(0, np.float32)
     bits = lp.view(np.uint32)
-    strings = [_strings(t[n]) for t, names in zip(tables, ID_COLUMNS.values()) for n in names
-               if n in t.column_names]
+    strings = [_strings(c) for c in id_string_columns(tables)]
     src = np.ones(out_bytes, np.uint8)
     dst = np.ones(out_bytes, np.uint8)
     passes = {
@@ -137,10 +127,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     ds = read_dataset(a.dataset)
     tables = (ds.ledger, ds.tokens, ds.rollouts)
-    result = chainrows.reassemble(*tables)
-    out_bytes = sum(result.rows[c].combine_chunks().values.nbytes
-                    for c in ("input_ids", "loss_mask", "logprobs") if c in result.rows.column_names)
-    del result
+    out_bytes = output_list_bytes(chainrows.reassemble(*tables))
     numba.set_num_threads(1)
     print(line(per_call_floor(tables, out_bytes, a.repeats)))
     return 0
