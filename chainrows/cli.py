@@ -196,6 +196,7 @@ def _reassemble_options(r):
                    help="rollout: 1 / rows of the rollout (each rollout counts once); row: 1.0")
     r.add_argument("--buckets", type=_at_least_one, default=None, help=argparse.SUPPRESS)
     r.add_argument("--steps", type=_at_least_one, default=None, help=argparse.SUPPRESS)
+    r.add_argument("--hold-runs", type=_int_at_least(0), default=None, help=argparse.SUPPRESS)  # bytes
     r.add_argument("--resume", action="store_true",
                    help="reuse the finished work an interrupted run of the same dataset and options "
                         "left in OUT/.chainrows-work")
@@ -225,11 +226,14 @@ def _options(a) -> options.Options:
 
 
 def _forced_route(a):
-    """--buckets / --steps (hidden, for tests and measurements) force a path."""
+    """--buckets / --steps (hidden, for tests and measurements) force a path; --hold-runs, the
+    bytes of a forced stream's runs held in memory (default: what the budget leaves)."""
     from chainrows.bulk import Route
 
+    if a.hold_runs is not None and not a.steps:
+        _usage_error(a, "--hold-runs needs --steps")
     if a.steps:
-        return Route("stream", a.steps, "forced by --steps")
+        return Route("stream", a.steps, "forced by --steps", hold=a.hold_runs)
     if a.buckets:
         return Route("memory", 1, "forced by --buckets 1") if a.buckets == 1 else \
             Route("spill", a.buckets, "forced by --buckets")

@@ -36,8 +36,13 @@ MEMORY = bulk.Route("memory", 1, "test")
 SMALLER = planner.DEFAULT_BUDGET - (1 << 30)  # a budget below the default, still a stream's
 
 
-def stream(steps, resident=()):
-    return bulk.Route("stream", steps, "test", resident=resident)
+def stream(steps, resident=(), hold=0):
+    """A stream of ``steps`` windows; ``hold``: its runs' bytes held in memory (0: every run
+    written to disk, None: what the default budget leaves, which holds all of this data's)."""
+    return bulk.Route("stream", steps, "test", resident=resident, hold=hold)
+
+
+SOME_HELD = 2_000_000  # about a third of this dataset's runs (checked where it matters)
 
 
 def spill(buckets):
@@ -106,11 +111,13 @@ def test_round_trip_agrees_with_reference(dataset, tmp_path):
 
 
 ROUTES = [spill(2), spill(5), stream(2), stream(7), stream(40), stream(5, ("tokens",)),
-          stream(3, ("ledger", "rollouts"))]
+          stream(3, ("ledger", "rollouts")), stream(7, hold=None), stream(7, hold=SOME_HELD),
+          stream(5, ("tokens",), hold=None), stream(3, ("ledger", "rollouts"), hold=SOME_HELD)]
 
 
 def _route_id(route) -> str:
-    return f"{route.path}-{route.batches}" + "".join(f"-{n}" for n in route.resident)
+    held = {None: "-held", 0: ""}.get(route.hold, "-some-held") if route.path == "stream" else ""
+    return f"{route.path}-{route.batches}" + "".join(f"-{n}" for n in route.resident) + held
 
 
 def _same_bytes_as_in_memory(src, dataset, tmp_path, route):
@@ -119,6 +126,10 @@ def _same_bytes_as_in_memory(src, dataset, tmp_path, route):
     assert _bytes(tmp_path / "many") == _bytes(tmp_path / "one")
     assert not (tmp_path / "many" / bulk.WORK_DIR).exists()
     assert summary.path == route.path and summary.rollouts == 240
+    held, written = summary.held_runs, summary.written_runs
+    assert held + written >= 2
+    hold = route.hold if route.path == "stream" else 0  # a spill holds nothing
+    assert {None: written == 0, 0: held == 0}.get(hold, held and written), (held, written)
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=_route_id)
@@ -164,6 +175,28 @@ def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, rout
     assert again.calls == 2  # batches 2 and 3 only
     assert summary.rollouts == 240
     assert _bytes(out) == _bytes(reference_out)
+
+
+@pytest.mark.parametrize("hold", [None, SOME_HELD], ids=["all held", "some held"])
+def test_resume_decides_again_the_windows_whose_runs_were_held(dataset, tmp_path, hold):
+    """A held run dies with the process: --resume reuses the windows written to disk and
+    decides the others again, to the same bytes."""
+    bulk.run(dataset, tmp_path / "ref", route=MEMORY)
+    out = tmp_path / "out"
+    crash_at = 6
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        bulk.run(dataset, out, route=stream(7, hold=hold), reassemble=Counted(crash_at=crash_at))
+    assert no_outputs(out)
+    written = len(list((out / bulk.WORK_DIR).glob("windows/step-*.json")))
+    if hold is None:
+        assert written == 0
+    else:  # windows 1-5 finished: the first held, some written
+        assert 0 < written < crash_at - 1
+    again = Counted()
+    summary = bulk.run(dataset, out, route=stream(7, hold=hold), resume=True, reassemble=again)
+    assert again.calls == 7 - written
+    assert summary.rollouts == 240 and summary.held_runs + summary.written_runs == 7
+    assert _bytes(out) == _bytes(tmp_path / "ref")
 
 
 def _truncate(path):

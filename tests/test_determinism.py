@@ -68,14 +68,17 @@ VARIATIONS = {
     "7 buckets, 1 thread": ["--buckets", "7", "--threads", "1"],
     "3 windows": ["--steps", "3", "--threads", "2"],
     "11 windows, 1 thread": ["--steps", "11", "--threads", "1"],
+    "5 windows written to disk": ["--steps", "5", "--hold-runs", "0", "--threads", "2"],
     "64GiB budget": ["--memory-budget", "64GiB", "--threads", "2"],
 }
 # every variation with the default options; the main ones with the others
 CASES = [("default", v) for v in VARIATIONS] + [
     (o, v) for o in OPTION_SETS if o != "default"
     for v in ("1 thread", "7 buckets, 1 thread", "11 windows, 1 thread")]
+RUNS = {"3 windows": "3 held in memory, 0 written to disk",
+        "5 windows written to disk": "0 held in memory, 5 written to disk"}
 PATHS = {"1 bucket": "memory", "3 buckets": "spill", "7 buckets, 1 thread": "spill",
-         "3 windows": "stream", "11 windows, 1 thread": "stream", "64GiB budget": "memory"}
+         "3 windows": "stream", "11 windows, 1 thread": "stream", "5 windows written to disk": "stream", "64GiB budget": "memory"}
 
 
 @pytest.mark.parametrize("options,variation", CASES, ids=[f"{o}|{v}" for o, v in CASES])
@@ -87,6 +90,8 @@ def test_threads_buckets_windows_budget(cli, dataset, baselines, tmp_path, optio
     if variation in PATHS:  # the summary names the path the run took
         path = next(x for x in res.stdout.splitlines() if x.startswith("path")).split()[1]
         assert path.rstrip(",") == PATHS[variation], res.stdout
+    if variation in RUNS:  # and where a stream's sorted runs were kept
+        assert f"sorted runs               {RUNS[variation]}\n" in res.stdout, res.stdout
 
 
 def test_repeated_runs_and_rerun_into_same_out(cli, dataset, baselines, tmp_path):

@@ -1,7 +1,8 @@
 """The k-way merge of sorted runs (chainrows.bulk.runs.merge_sorted, merge_tree) against a
 plain sort of all their rows: any batch sizes, empty runs, rows of one rollout in several
 segments, ids whose UTF-8 byte order is not their UTF-16 order, the steps written one by one
-or gathered up to ``flush_bytes``, copied out at once (``release``) or taken by the writer."""
+or gathered up to ``flush_bytes``, copied out at once (``release``) or taken by the writer; runs
+held in memory by a ``RunStore`` beside runs written to disk."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from chainrows.bulk.runs import RunWriter, merge_sorted, merge_tree
+from chainrows.bulk.runs import RunStore, RunWriter, merge_sorted, merge_tree, run_path, runs_record
 
 ALPHABET = ["a", "b", "z", "é", "\u00ff", "\u4e00", "\U0001f600", "\uffff"]  # multi-byte UTF-8 too
 
@@ -32,10 +33,12 @@ class Collect:
         return pa.concat_tables(self.tables).combine_chunks()
 
 
-def _runs(tmp_path, rng: random.Random, n_runs: int, segments: bool = True) -> tuple[list, pa.Table]:
+def _runs(tmp_path, rng: random.Random, n_runs: int, segments: bool = True,
+          store: RunStore | None = None) -> tuple[list, pa.Table]:
     """Sorted runs with disjoint rollout ids (each rollout 1-3 segments, all in one run; one
     row per rollout and no segment column without ``segments``, as the report has it), and
-    every row sorted by (rollout_id, segment)."""
+    every row sorted by (rollout_id, segment). Written to disk, or kept by ``store`` (as the
+    rows of ``run-<k>``)."""
     ids = sorted({"".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 4))) for _ in range(60)})
     owner = {rid: rng.randrange(n_runs) for rid in ids}
     files, every = [], []
@@ -49,8 +52,12 @@ def _runs(tmp_path, rng: random.Random, n_runs: int, segments: bool = True) -> t
         if not segments:
             table = table.drop_columns(["segment"])
         path = tmp_path / f"run-{k}.arrow"
-        with RunWriter(path, table.schema, rng.randint(1, 5)) as w:
-            w.write(table)
+        if store is not None:
+            path = run_path(tmp_path / f"run-{k}", "rows")
+            store.keep(tmp_path / f"run-{k}", {"rows": (table, rng.randint(1, 5))})
+        else:
+            with RunWriter(path, table.schema, rng.randint(1, 5)) as w:
+                w.write(table)
         files.append(path)
         every.append(table)
     whole = pa.concat_tables(every)
@@ -93,3 +100,61 @@ def test_a_run_out_of_order_is_an_error_not_a_hang(tmp_path):
         w.write(table)
     with pytest.raises(RuntimeError, match=f"the run {path} is not sorted"):
         merge_sorted([path], Collect())
+
+
+def _batch_count(table: pa.Table, batch_rows: int) -> int:
+    return -(-table.num_rows // batch_rows)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_store_holds_runs_while_they_fit_and_the_merge_reads_both_kinds(tmp_path, seed):
+    """Runs kept while the store's allowance lasts are held (no file), the others written
+    (their record as ``runs_record`` gives it); a merge over both is the plain sort, in as many
+    steps as if every run were a file cut the same way."""
+    rng = random.Random(seed)
+    ids = [f"r{i:03d}" for i in range(40)]
+    rng.shuffle(ids)
+    cuts = sorted(rng.sample(range(41), 4))
+    disjoint = []
+    for a, b in zip([0, *cuts], [*cuts, 40]):  # five runs of disjoint ids, some empty maybe
+        part = sorted(ids[a:b])
+        disjoint.append(pa.table({"rollout_id": pa.array(part, pa.string()),
+                                  "input_ids": pa.array([[len(r)] * rng.randint(0, 3) for r in part],
+                                                        pa.list_(pa.int32()))}))
+    sizes = [t.get_total_buffer_size() for t in disjoint]
+    allowance = sum(sizes[:2]) + rng.randint(0, 1)
+    store = RunStore(allowance)
+    files, records, batch_rows = [], [], []
+    for k, table in enumerate(disjoint):
+        stem = tmp_path / f"run-{k}"
+        batch_rows.append(rng.randint(1, 4))
+        records.append(store.keep(stem, {"rows": (table, batch_rows[-1])}))
+        files.append(run_path(stem, "rows"))
+    held = [r.get("held", False) for r in records]
+    fits, used = [], 0
+    for size in sizes:  # first fit, in the order kept
+        fits.append(used + size <= allowance)
+        used += size if fits[-1] else 0
+    assert held == fits and store.held_bytes == used
+    for k, f in enumerate(files):
+        assert f.exists() != held[k]
+        if not held[k]:
+            assert records[k] == runs_record(tmp_path / f"run-{k}", ["rows"])
+    whole = pa.concat_tables(disjoint)
+    expected = whole.take(pc.sort_indices(whole, sort_keys=[("rollout_id", "ascending")])).combine_chunks()
+    writer = Collect()
+    merge_sorted(files, writer, store=store)
+    assert writer.rows().equals(expected)
+    assert len(writer.tables) == sum(_batch_count(t, b) for t, b in zip(disjoint, batch_rows))
+    assert store.held_bytes == used and not store._held  # every held run handed over, once
+
+
+def test_merge_tree_in_levels_over_held_runs_is_the_same_sort(tmp_path):
+    """More runs than the fan-in: the first level merges held runs into written ones."""
+    rng = random.Random(11)
+    store = RunStore(1 << 40)
+    files, expected = _runs(tmp_path, rng, 7, store=store)
+    assert not any(f.exists() for f in files)
+    writer = Collect()
+    merge_tree(files, writer, batch_rows=2, fan_in=2, scratch=tmp_path / "levels", flush_bytes=64, store=store)
+    assert writer.rows().equals(expected)

@@ -132,7 +132,8 @@ def test_full_disk_in_a_stream_keeps_the_work_once_a_window_is_finished(cli, tmp
     assert_ran(cli.run("synth", good, "--rollouts", "200"))
     out = tmp_path / "out"
     run = f"step-{step:05d}.rows.arrow"
-    res = cli.exec(_full_disk("chainrows.bulk.runs.RunWriter._emit", ["reassemble", good, out, "--steps", "3"],
+    steps = ["--steps", "3", "--hold-runs", "0"]  # every run written
+    res = cli.exec(_full_disk("chainrows.bulk.runs.RunWriter._emit", ["reassemble", good, out, *steps],
                               where=run))
     line = _one_error_line(res)
     assert line.startswith(f"chainrows: error: cannot write {out / WORK / 'windows' / run}.tmp: "
@@ -140,7 +141,7 @@ def test_full_disk_in_a_stream_keeps_the_work_once_a_window_is_finished(cli, tmp
     assert ("--resume" in line) == kept and (out / WORK).exists() == kept and out.exists() == kept, line
     if kept:
         assert re.search(r" keeps [\d.]+ [KMG]?B of finished work: run the same command with --resume", line), line
-        assert_ran(cli.run("reassemble", good, out, "--steps", "3", "--resume"))
+        assert_ran(cli.run("reassemble", good, out, *steps, "--resume"))
         assert_ran(cli.run("reassemble", good, tmp_path / "whole", "--steps", "3"))
         assert output_bytes(out) == output_bytes(tmp_path / "whole") and not (out / WORK).exists()
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from chainrows.api import Result, run_tables
 from chainrows.bulk import plan as planner
-from chainrows.bulk.runs import kept_record, merge_tree, run_path, runs_record, write_run
+from chainrows.bulk.runs import ON_DISK, RunStore, kept_record, merge_tree, run_path
 from chainrows.bulk.spill import FINISHED, partition_once, reassemble_buckets, summary_of
 from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
@@ -58,13 +58,16 @@ REPORT_ROW_BYTES = 256  # a report row in Arrow, ids and detail included (order 
 @dataclass(frozen=True)
 class Route:
     """The path a run takes, how many batches (windows or buckets), and why; a stream's
-    ``resident`` tables are read whole first (chainrows.bulk.windows)."""
+    ``resident`` tables are read whole first (chainrows.bulk.windows). ``hold``: the bytes of
+    sorted runs a stream holds in memory until the merge (None: what its budget leaves,
+    ``_hold_allowance``; 0: every run written to disk)."""
 
     path: str
     batches: int
     why: str
     plan: object = None
     resident: tuple[str, ...] = ()
+    hold: int | None = None
 
 
 @remembered()
@@ -132,12 +135,17 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
                 prepare_work(work, manifest(dataset_dir, options, route, memory_budget), resume)
                 with (one_arrow_thread() if tight else nullcontext()):
                     ipc = planner.spill_format(out, decoded)
+                    store = ON_DISK
                     if route.path == "stream":
-                        runs = _stream(dataset_dir, work, route, decide, room, schemas, ipc, progress)
+                        hold = route.hold if route.hold is not None else _hold_allowance(room, route.plan, tight)
+                        store = RunStore(hold, ipc)
+                        runs = _stream(dataset_dir, work, route, decide, room, schemas, store, progress)
                     else:
                         runs = _spill(dataset_dir, work, route, decide, room, decoded, schemas, ipc, progress)
                     summary.merge(summary_of(runs))
-                    _merge(work, runs, rows_w, report_w, room, tight, ipc, progress)
+                    summary.held_runs = sum(1 for r in runs if r.get("held"))
+                    summary.written_runs = len(runs) - summary.held_runs
+                    _merge(work, runs, rows_w, report_w, room, tight, ipc, progress, store)
             except InputError:  # unusable input: work this run started is of no use to --resume
                 if made_work:
                     shutil.rmtree(work, ignore_errors=True)
@@ -274,20 +282,19 @@ def prepare_work(work: Path, wanted: dict, resume: bool) -> None:
     write_json_atomic(path, wanted)
 
 
-def _keep(result: Result, where: Path, stem: str, schemas: dict, batch_bytes: int, ipc) -> dict:
-    """A batch's sorted outputs as runs ``<stem>.rows.arrow`` / ``.report.arrow`` in batches of
-    about ``batch_bytes``; returns its record (counts, where, the largest batch)."""
+def _keep(result: Result, store: RunStore, where: Path, stem: str, schemas: dict, batch_bytes: int) -> dict:
+    """A batch's sorted outputs as the runs ``<stem>.rows.arrow`` / ``.report.arrow`` (held by
+    ``store``, or written) in batches of about ``batch_bytes``; returns its record (counts,
+    where, the largest batch, held or the files' sizes and digests)."""
     rows = result.rows.cast(schemas["rows"])
     per_row = max(rows.nbytes // max(rows.num_rows, 1), 1)
     batch_rows = int(max(1, min(RUN_MAX_ROWS, batch_bytes // per_row)))
-    write_run(rows, run_path(where / stem, "rows"), batch_rows, ipc)
     report_rows = int(max(1, min(RUN_MAX_ROWS, batch_bytes // REPORT_ROW_BYTES)))
-    write_run(result.report, run_path(where / stem, "report"), report_rows, ipc)
+    kept = store.keep(where / stem, {"rows": (rows, batch_rows), "report": (result.report, report_rows)})
     part = Summary()
     part.add(result)
     return {"summary": part.counts_json(), "stem": str(where / stem), "batch_bytes": batch_rows * per_row,
-            "batch_rows": batch_rows, "report_rows": report_rows,
-            **runs_record(where / stem)}
+            "batch_rows": batch_rows, "report_rows": report_rows, **kept}
 
 
 def _run_batch_bytes(room: int, runs: int) -> int:
@@ -295,34 +302,49 @@ def _run_batch_bytes(room: int, runs: int) -> int:
     return max(1, (room // MERGE_SHARE) // (2 * max(runs, 1)))
 
 
-def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, ipc, progress) -> list[dict]:
+def _hold_allowance(room: int, plan, tight: bool) -> int:
+    """Bytes of a stream's runs it may hold in memory until the merge: what SHARE of the room
+    leaves beside the larger of the stream's estimated peak and the merge's buffers (run batches
+    read back, row groups waiting for an encoder); none under a tight budget."""
+    if tight:
+        return 0
+    merge = room // MERGE_SHARE + room // ENCODE_SHARE
+    return max(0, int(planner.SHARE * room - max(planner.stream_peak(plan), merge)))
+
+
+def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, store: RunStore,
+            progress) -> list[dict]:
+    """Decide every window not kept by an interrupted run; returns every window's record in
+    step order. A window whose runs ``store`` held leaves no marker: --resume decides it again."""
     windows = work / WINDOWS
     windows.mkdir(exist_ok=True)
     plan = route.plan
-    done = {k for k in range(plan.steps) if kept_record(windows / f"step-{k:05d}.json") is not None}
+    records = {k: r for k in range(plan.steps) if (r := kept_record(windows / f"step-{k:05d}.json")) is not None}
     bar = Progress("stream", plan.steps, enabled=progress, unit="steps")
     in_schemas = {n: table_schema(dataset_dir, n) for n in TABLES}
 
-    def store(k, result):
-        record = _keep(result, windows, f"step-{k:05d}", schemas, _run_batch_bytes(room, plan.steps), ipc)
-        write_json_atomic(windows / f"step-{k:05d}.json", record)
+    def store_window(k, result):
+        record = _keep(result, store, windows, f"step-{k:05d}", schemas, _run_batch_bytes(room, plan.steps))
+        if not record.get("held"):
+            write_json_atomic(windows / f"step-{k:05d}.json", record)
+        records[k] = record
         bar.advance(1)
 
-    bar.advance(len(done))
+    bar.advance(len(records))
     with ThreadPoolExecutor(1, thread_name_prefix="chainrows-keep", **inherit_threads()) as keeper:
         pending = []
 
-        def one(k, window):  # decide window k while window k - 1's runs are written
+        def one(k, window):  # decide window k while window k - 1's runs are kept
             result = decide(window["ledger"], window["tokens"], window["rollouts"])
             if pending:
                 pending.pop().result()
-            pending.append(keeper.submit(store, k, result))
+            pending.append(keeper.submit(store_window, k, result))
 
-        stream_windows(dataset_dir, plan, in_schemas, one, skip=done)
+        stream_windows(dataset_dir, plan, in_schemas, one, skip=set(records))
         if pending:
             pending.pop().result()
     bar.close()
-    return [json.loads(p.read_text()) for p in sorted(windows.glob("step-*.json"))]
+    return [records[k] for k in sorted(records)]
 
 
 def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int, schemas, ipc,
@@ -333,9 +355,10 @@ def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int,
     # keep partitioning near 0.4 of the room.
     spill = partition_once(dataset_dir, work, route.batches, _batch_rows(dataset_dir, room // 128),
                            max(4 << 20, room // 16), total, progress, ipc)
+    store = RunStore(ipc=ipc)  # holds nothing: a bucket's inputs are deleted once its runs are kept
     return reassemble_buckets(spill, route.batches, decide,
-                              lambda b, result, d: _keep(result, d, "out", schemas,
-                                                         _run_batch_bytes(room, route.batches), ipc),
+                              lambda b, result, d: _keep(result, store, d, "out", schemas,
+                                                         _run_batch_bytes(room, route.batches)),
                               progress)
 
 
@@ -345,9 +368,11 @@ def _batch_rows(dataset_dir, batch_bytes: int) -> int:
     return int(max(64, min(1 << 20, batch_bytes / max(size / max(rows, 1), 1.0))))
 
 
-def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: bool, ipc, progress) -> None:
-    """Merge the sorted runs into the final writers: all at once when their batches fit the
-    merge's share of the room (runs were cut for that), else in levels."""
+def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: bool, ipc, progress,
+           store: RunStore = ON_DISK) -> None:
+    """Merge the sorted runs (held by ``store`` or on disk) into the final writers: all at once
+    when their batches fit the merge's share of the room (runs were cut for that), else in
+    levels."""
     stems = [Path(r["stem"]) for r in records]
     batch_bytes = max((r["batch_bytes"] for r in records), default=1)
     fan_in = max(2, min(len(stems), _open_file_limit() // 4,
@@ -366,10 +391,10 @@ def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: 
     # slower (docs/decisions-io.md "Merge steps").
     flush = room // (2 * MERGE_SHARE) if tight else 0
     merge_tree([run_path(s, "rows") for s in stems], rows_w,
-               rows_batch, fan_in, work / "merge-rows", release=tight, ipc=ipc, flush_bytes=flush)
+               rows_batch, fan_in, work / "merge-rows", release=tight, ipc=ipc, flush_bytes=flush, store=store)
     bar.advance(1)
     merge_tree([run_path(s, "report") for s in stems], report_w, report_batch,
-               report_fan_in, work / "merge-report", release=tight, ipc=ipc, flush_bytes=flush)
+               report_fan_in, work / "merge-report", release=tight, ipc=ipc, flush_bytes=flush, store=store)
     bar.advance(1)
     bar.close()
 

@@ -1,9 +1,11 @@
 """Sorted runs and their k-way merge: how windows and spill buckets become one sorted output.
 
 Every reassembled batch (a streaming window, a spill bucket) is sorted by rollout_id; its rows
-are kept as an Arrow IPC *run*, and the runs are merged by rollout_id into the final writers, so
-the output is the bytes an in-memory run writes. IPC, not Parquet: a run needs no second check
-and an IPC reader holds just its batches (docs/limits.md has the measurements).
+are kept as a *run*, and the runs are merged by rollout_id into the final writers, so the output
+is the bytes an in-memory run writes. A run is an Arrow IPC file, or, for a stream whose runs fit
+its memory budget, the table itself held until the merge (``RunStore``). IPC, not Parquet: a run
+needs no second check and an IPC reader holds just its batches (docs/limits.md has the
+measurements).
 """
 
 from __future__ import annotations
@@ -106,6 +108,50 @@ def write_run(table: pa.Table, path: Path, batch_rows: int, ipc: pa.ipc.IpcWrite
         w.write(table)
 
 
+class RunStore:
+    """Where a batch's sorted runs are kept: held in memory while their buffers fit
+    ``allowance`` bytes in all, else written as IPC files (``write_run``, with ``ipc``), which
+    ``--resume`` can reuse. A held run costs no write to the page cache and no read back
+    (docs/decisions-io.md "Runs held in memory"). The merge reads every run through
+    :meth:`batches` and :meth:`schema`, once: a held run is let go as it is handed over. One
+    thread keeps runs; the merge reads them after. ``RunStore()`` holds nothing."""
+
+    def __init__(self, allowance: int = 0, ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS):
+        self.allowance = allowance
+        self.ipc = ipc
+        self.held_bytes = 0
+        self._held: dict[Path, tuple[pa.Table, int]] = {}
+
+    def keep(self, stem: Path, runs: dict[str, tuple[pa.Table, int]]) -> dict:
+        """Keep the runs of one batch (table name -> (table sorted by rollout_id, rows per run
+        batch)) under ``stem``: ``{"held": True}`` when held, else the written runs' record
+        (``runs_record``)."""
+        size = sum(table.get_total_buffer_size() for table, _ in runs.values())
+        if self.held_bytes + size <= self.allowance:
+            self.held_bytes += size
+            self._held.update({run_path(stem, name): kept for name, kept in runs.items()})
+            return {"held": True}
+        for name, (table, batch_rows) in runs.items():
+            write_run(table, run_path(stem, name), batch_rows, self.ipc)
+        return runs_record(stem, runs)
+
+    def batches(self, path: Path):
+        """The run's record batches in order: a held run's, cut as its file would be, else
+        ``run_batches``."""
+        kept = self._held.pop(Path(path), None)
+        if kept is None:
+            return run_batches(path)
+        table, batch_rows = kept
+        return iter(table.to_batches(max_chunksize=batch_rows))
+
+    def schema(self, path: Path) -> pa.Schema:
+        kept = self._held.get(Path(path))
+        return kept[0].schema if kept is not None else run_schema(path)
+
+
+ON_DISK = RunStore()
+
+
 def run_path(stem: Path, table: str) -> Path:
     """The run of ``table`` (rows, report) a batch kept under ``stem``."""
     return stem.with_name(f"{stem.name}.{table}{RUN_SUFFIX}")
@@ -126,10 +172,10 @@ def kept_record(marker: Path) -> dict | None:
     return None
 
 
-def runs_record(stem: Path) -> dict:
+def runs_record(stem: Path, tables=RUN_TABLES) -> dict:
     """What :func:`kept_record` checks the runs kept under ``stem`` against: each run's size and
     content digest."""
-    paths = {t: run_path(stem, t) for t in RUN_TABLES}
+    paths = {t: run_path(stem, t) for t in tables}
     return {"sizes": {t: p.stat().st_size for t, p in paths.items()},
             "digests": {t: file_digest(p) for t, p in paths.items()}}
 
@@ -166,10 +212,12 @@ def run_schema(path: Path) -> pa.Schema:
 
 
 def merge_tree(files: list[Path], writer, batch_rows: int, fan_in: int, scratch: Path,
-               release: bool = False, ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS, flush_bytes: int = 0) -> None:
+               release: bool = False, ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS, flush_bytes: int = 0,
+               store: RunStore = ON_DISK) -> None:
     """Merge sorted runs into ``writer``, at most ``fan_in`` open at once (extra levels through
     intermediate runs of ``batch_rows``-row batches, written with ``ipc``, when there are more);
-    ``release`` and ``flush_bytes`` as :func:`merge_sorted` has them."""
+    ``release``, ``flush_bytes`` and ``store`` (where the runs named ``files`` are) as
+    :func:`merge_sorted` has them."""
     level = 0
     while len(files) > fan_in:
         scratch.mkdir(parents=True, exist_ok=True)
@@ -177,17 +225,18 @@ def merge_tree(files: list[Path], writer, batch_rows: int, fan_in: int, scratch:
         for i in range(0, len(files), fan_in):
             group = files[i:i + fan_in]
             path = scratch / f"run-{level}-{i // fan_in:05d}{RUN_SUFFIX}"
-            with RunWriter(path, run_schema(group[0]), batch_rows, ipc=ipc) as w:
-                merge_sorted(group, w, release, flush_bytes)
+            with RunWriter(path, store.schema(group[0]), batch_rows, ipc=ipc) as w:
+                merge_sorted(group, w, release, flush_bytes, store)
             if level:  # intermediate runs only: the first level's inputs stay for --resume
                 for f in group:
                     Path(f).unlink(missing_ok=True)
             merged.append(path)
         files, level = merged, level + 1
-    merge_sorted(files, writer, release, flush_bytes)
+    merge_sorted(files, writer, release, flush_bytes, store)
 
 
-def merge_sorted(files: list[Path], writer, release: bool = False, flush_bytes: int = 0) -> None:
+def merge_sorted(files: list[Path], writer, release: bool = False, flush_bytes: int = 0,
+                 store: RunStore = ON_DISK) -> None:
     """k-way merge of runs sorted by rollout_id (ids disjoint across runs), a step at a time:
     each step takes the rows of every open run up to the smallest last id buffered. The steps'
     rows go to the writer sorted, together once they hold ``flush_bytes`` (0: after every step),
@@ -197,8 +246,8 @@ def merge_sorted(files: list[Path], writer, release: bool = False, flush_bytes: 
     once, so that their run batches are not held by a pending row group, and freed memory is
     handed back to the OS. Each buffer's first and last id are read once, when it changes: a
     step compares Python strings (code point order is UTF-8 byte order), and searches only the
-    buffers that hold ids past the bound."""
-    iters = [run_batches(f) for f in files]
+    buffers that hold ids past the bound. ``store``: where the runs are (held or on disk)."""
+    iters = [store.batches(f) for f in files]
     bufs: list[pa.Table | None] = [None] * len(iters)
     first: list[str] = [""] * len(iters)
     last: list[str] = [""] * len(iters)

@@ -21,7 +21,9 @@ class Summary:
     ``spill`` (hash-partitioned to disk first); ``why``: the planner's reason. ``placeholder_rows``:
     rows written for masked rollouts (in ``rows`` beside the ``rows`` trained rows). ``input_bytes``
     / ``decoded_bytes``: the columns read, uncompressed as stored and estimated once decoded
-    (what the plan sizes memory by), from the footers.
+    (what the plan sizes memory by), from the footers. ``held_runs`` / ``written_runs``: of a stream's
+    or spill's batches with rows, those whose sorted runs were held in memory until the merge,
+    and those whose runs were written to disk.
     """
 
     rollouts: int = 0
@@ -39,6 +41,8 @@ class Summary:
     path: str = "memory"
     why: str = ""
     batches: int = 1
+    held_runs: int = 0
+    written_runs: int = 0
     peak_rss: int = 0
     budget: int = 0  # the --memory-budget the run was planned under (0: none, e.g. Ray)
     compile_seconds: float = 0.0
@@ -108,6 +112,9 @@ class Summary:
                   ("input (uncompressed)", human_bytes(self.input_bytes) + (
                       f", {human_bytes(self.decoded_bytes)} decoded" if self.decoded_bytes else "")),
                   ("path", self.path_text())]
+        if self.path in ("stream", "spill"):
+            lines.append(("  sorted runs", f"{self.held_runs:,} held in memory, "
+                                           f"{self.written_runs:,} written to disk"))
         if self.peak_rss:
             lines.append(("peak memory", f"{self.peak_rss / 2**20:,.0f} MiB" + (
                 f" (budget {self.budget / 2**20:,.0f} MiB)" if self.budget else "")))
