@@ -188,8 +188,8 @@ def test_resume_decides_again_the_windows_whose_runs_were_held(dataset, tmp_path
         bulk.run(dataset, out, route=stream(7, hold=hold), reassemble=Counted(crash_at=crash_at))
     assert no_outputs(out)
     written = len(list((out / bulk.WORK_DIR).glob("windows/step-*.json")))
-    if hold is None:
-        assert written == 0
+    if hold is None:  # nothing --resume would reuse: no work dir kept
+        assert written == 0 and not (out / bulk.WORK_DIR).exists()
     else:  # windows 1-5 finished: the first held, some written
         assert 0 < written < crash_at - 1
     again = Counted()
@@ -197,6 +197,27 @@ def test_resume_decides_again_the_windows_whose_runs_were_held(dataset, tmp_path
     assert again.calls == 7 - written
     assert summary.rollouts == 240 and summary.held_runs + summary.written_runs == 7
     assert _bytes(out) == _bytes(tmp_path / "ref")
+
+
+def test_hold_allowance_is_what_the_share_of_the_room_leaves_beside_the_larger_need():
+    room = 4 << 30
+    merge = room // bulk.job.MERGE_SHARE + room // bulk.job.ENCODE_SHARE
+    share = planner.SHARE * room
+
+    class Plan:  # stream_peak reads these
+        def __init__(self, decided):
+            self.steps, self.held, self.read, self.copied = 2, np.zeros(2), np.zeros(2), None
+            self.decided = np.array([decided, 0.0])
+
+    small = Plan(merge / (2 * planner.MEMORY_FACTOR))  # a peak below the merge's buffers
+    assert planner.stream_peak(small) < merge
+    assert bulk.job._hold_allowance(room, small, tight=False) == int(share - merge)
+    big = Plan(share / planner.MEMORY_FACTOR)
+    peak = planner.stream_peak(big)
+    assert merge < peak < share
+    assert bulk.job._hold_allowance(room, big, tight=False) == int(share - peak)
+    assert bulk.job._hold_allowance(room, Plan(share), tight=False) == 0  # a peak past the share
+    assert bulk.job._hold_allowance(room, small, tight=True) == 0
 
 
 def _truncate(path):
@@ -682,14 +703,19 @@ def _field(summary: str, name: str) -> str:
     return next(line[len(name):].strip() for line in summary.splitlines() if line.startswith(name))
 
 
-def _paths_under(data, tmp_path, budgets_mib) -> list[str]:
-    """The path each budget's run took (a fresh process each), every run under its budget."""
-    paths = []
+def _runs_under(data, tmp_path, budgets_mib) -> list[str]:
+    """The summary of each budget's run (a fresh process each), every run under its budget."""
+    summaries = []
     for mib in budgets_mib:
         summary, peak = _peak(data, tmp_path / f"out{mib}", "--memory-budget", f"{mib}MiB")
-        paths.append(_field(summary, "path"))
+        summaries.append(summary)
         assert peak < mib << 20, f"peak RSS {peak >> 20} MiB over the {mib} MiB budget\n{summary}"
-    return paths
+    return summaries
+
+
+def _paths_under(data, tmp_path, budgets_mib) -> list[str]:
+    """The path each budget's run took, every run under its budget."""
+    return [_field(s, "path") for s in _runs_under(data, tmp_path, budgets_mib)]
 
 
 @pytest.mark.slow
@@ -744,15 +770,19 @@ def test_data_stored_far_below_its_decoded_size_stays_under_budget(tmp_path):
     """Token ids of a 16-token vocabulary: Parquet stores the dataset in about a seventh of what
     a read decodes (37 MB for 267 MB). Sized by the stored bytes, a 600 MiB budget took the in-memory
     path and peaked at 970 MB; sized by the decoded estimate, every budget holds, and one with
-    room for the decoded bytes reads everything at once."""
+    room for the decoded bytes reads everything at once; one between streams, holding its
+    windows' runs in memory (823 MiB at 1500 MiB measured)."""
     data = tmp_path / "data"
     write_synth_dataset(data, 4000, seed=1, vocab=16, logprobs=False, mean_gen_tokens=450,
                         mean_obs_tokens=1200, prompt_tokens=3000, mean_calls=7)
     sizes = planner.input_totals(data)
     assert sizes["tokens"].decoded > 6 * sizes["tokens"].stored
     _peak(data, tmp_path / "warm", "--memory-budget", "2GiB")  # Numba's cache warmed
-    paths = _paths_under(data, tmp_path, (600, 800, 2048))
+    summaries = _runs_under(data, tmp_path, (600, 800, 1500, 2048))
+    paths = [_field(x, "path") for x in summaries]
     assert paths[-1].startswith("memory") and not paths[0].startswith("memory"), paths
+    assert paths[2].startswith("stream"), paths
+    assert not _field(summaries[2], "  windows' runs").startswith("0 held"), summaries[2]
 
 
 @pytest.mark.slow

@@ -268,6 +268,8 @@ BAD_ARGS = [
     ["reassemble", "{data}", "{out}", "--buckets", "-1"],
     ["reassemble", "{data}", "{out}", "--buckets", "many"],
     ["reassemble", "{data}", "{out}", "--steps", "0"],
+    ["reassemble", "{data}", "{out}", "--hold-runs", "-1", "--steps", "2"],
+    ["reassemble", "{data}", "{out}", "--hold-runs", "0"],  # needs --steps
     ["reassemble", "{data}"],
     ["reassemble"],
     ["frobnicate"],

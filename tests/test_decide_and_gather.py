@@ -161,6 +161,10 @@ def test_a_placeholder_overwrites_the_first_token_of_a_dropped_rollout():
     assert (rows.input_ids[3], rows.loss_mask[3], rows.logprobs[3]) == (0, 0, 0.0)
     column = _token_lists(ph, ph.input_ids, pa.int32())  # runs of rows back to back: one chunk each
     assert column.num_chunks == 2 and column.to_pylist() == [[1, 2], [3], [0], [7, 8, 9]]
+    # every chunk a slice of one array over the whole buffer: Arrow counts what the column keeps alive
+    assert {c.values.buffers()[1].address for c in column.chunks} == {ph.input_ids.ctypes.data}
+    assert column.chunk(0).values.buffers()[1].size == ph.input_ids.nbytes
+    assert pa.table({"x": column}).get_total_buffer_size() >= ph.input_ids.nbytes
 
 
 @pytest.mark.parametrize("placeholders", [False, True])

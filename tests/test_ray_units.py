@@ -81,7 +81,8 @@ def test_input_error_is_found_in_ray_style_wrapping():
     assert input_error_in(RuntimeError("nothing of ours")) is None
 
 
-@pytest.mark.parametrize("flag", [["--resume"], ["--memory-budget", "1GiB"], ["--threads", "2"]])
+@pytest.mark.parametrize("flag", [["--resume"], ["--memory-budget", "1GiB"], ["--threads", "2"],
+                                  ["--steps", "2"], ["--hold-runs", "0"]])
 def test_single_process_knobs_are_usage_errors_with_ray(tmp_path, capsys, flag):
     from chainrows.cli import main
 

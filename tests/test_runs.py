@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from chainrows.bulk.runs import RunStore, RunWriter, merge_sorted, merge_tree, run_path, runs_record
+from chainrows.bulk.runs import (RunStore, RunWriter, merge_sorted, merge_tree, run_batches, run_path,
+                                  runs_record, write_run)
 
 ALPHABET = ["a", "b", "z", "é", "\u00ff", "\u4e00", "\U0001f600", "\uffff"]  # multi-byte UTF-8 too
 
@@ -158,3 +159,29 @@ def test_merge_tree_in_levels_over_held_runs_is_the_same_sort(tmp_path):
     writer = Collect()
     merge_tree(files, writer, batch_rows=2, fan_in=2, scratch=tmp_path / "levels", flush_bytes=64, store=store)
     assert writer.rows().equals(expected)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_held_run_is_cut_into_the_batches_its_file_has(tmp_path, seed):
+    """Multi-chunk tables (the engine's rows are) cut at their chunk boundaries: a held run's
+    batches are those ``write_run`` writes, row for row."""
+    rng = random.Random(seed)
+    chunks = [rng.randint(0, 9) for _ in range(rng.randint(1, 5))]
+    ids = iter(f"r{i:03d}" for i in range(sum(chunks)))
+    table = pa.Table.from_batches([pa.record_batch({"rollout_id": pa.array([next(ids) for _ in range(n)], pa.string())})
+                                   for n in chunks])
+    batch_rows = rng.randint(1, 6)
+    write_run(table, tmp_path / "w.rows.arrow", batch_rows)
+    store = RunStore(1 << 30)
+    store.keep(tmp_path / "h", {"rows": (table, batch_rows)})
+    held = [b.num_rows for b in store.batches(tmp_path / "h.rows.arrow")]
+    written = [b.num_rows for b in run_batches(tmp_path / "w.rows.arrow")]
+    assert held == written, (chunks, batch_rows)
+
+
+def test_a_store_with_no_allowance_holds_nothing_and_a_held_run_replaces_a_file(tmp_path):
+    empty = pa.table({"rollout_id": pa.array([], pa.string())})
+    assert "held" not in RunStore(0).keep(tmp_path / "a", {"rows": (empty, 1)})
+    assert (tmp_path / "a.rows.arrow").exists()
+    assert RunStore(1 << 20).keep(tmp_path / "a", {"rows": (empty, 1)}) == {"held": True}
+    assert not (tmp_path / "a.rows.arrow").exists()

@@ -9,9 +9,10 @@
 
 Runs are merged by rollout_id, so every path writes the same bytes. Everything is staged in
 ``OUT`` and committed atomically (chainrows.io.write.AtomicOutput); ``OUT/.chainrows-work``
-holds finished windows or buckets for ``--resume`` until the commit. A run that fails or is
-interrupted before it finished any (while partitioning, before its first window) removes it:
-nothing in it would be reused.
+holds the finished windows or buckets written to disk for ``--resume`` until the commit (a
+stream holds the runs of windows that fit its budget in memory instead). A run that fails or is
+interrupted before it wrote any (while partitioning, before a window's runs were written)
+removes it: nothing in it would be reused.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from chainrows.options import Options
 from chainrows.progress import Progress
 
 WORK_DIR = ".chainrows-work"
-WINDOWS = "windows"  # in WORK_DIR: a stream's finished windows, step-NNNNN.json and their runs
+WINDOWS = "windows"  # in WORK_DIR: a stream's windows written to disk, step-NNNNN.json and their runs
 MANIFEST_VERSION = 9
 MERGE_SHARE = 16  # of the room, what the merge's buffered run batches may take
 ENCODE_SHARE = 16  # of the room, what cut row groups waiting for an encoder may take
@@ -262,9 +263,9 @@ def route_if_it_fits(route: Route, dataset_dir, total: int, room: int, has_lp: b
 
 def holds_finished_work(work: Path) -> bool:
     """``work`` holds something ``--resume`` reuses: the spill path's finished partitioning (its
-    finished buckets come after it) or a stream's finished window. Work without either (a run
-    stopped while partitioning, or before its first window was kept) is of no use: a resumed
-    run would start it again."""
+    finished buckets come after it) or a stream's window written to disk. Work without either
+    (a run stopped while partitioning, or before a window's runs were written: held runs die
+    with the process) is of no use: a resumed run would start it again."""
     return (work / FINISHED).exists() or any((work / WINDOWS).glob("step-*.json"))
 
 
@@ -325,8 +326,11 @@ def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, s
 
     def store_window(k, result):
         record = _keep(result, store, windows, f"step-{k:05d}", schemas, _run_batch_bytes(room, plan.steps))
-        if not record.get("held"):
-            write_json_atomic(windows / f"step-{k:05d}.json", record)
+        marker = windows / f"step-{k:05d}.json"
+        if record.get("held"):
+            marker.unlink(missing_ok=True)  # an earlier run's, whose runs were damaged
+        else:
+            write_json_atomic(marker, record)
         records[k] = record
         bar.advance(1)
 

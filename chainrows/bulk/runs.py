@@ -63,7 +63,7 @@ class RunWriter:
         if not self._pending:
             return
         table = pa.concat_tables(self._pending)
-        full = table.num_rows if final else table.num_rows - table.num_rows % self.batch_rows
+        full = table.num_rows if final else _whole_batches(table, self.batch_rows)
         for batch in table.slice(0, full).to_batches(max_chunksize=self.batch_rows):
             self._w.write_batch(batch)
         rest = table.slice(full)
@@ -102,6 +102,20 @@ class RunWriter:
         self.close(failed=exc_type is not None)
 
 
+def _whole_batches(table: pa.Table, batch_rows: int) -> int:
+    """The rows of ``table`` that fill whole batches of ``batch_rows``."""
+    return table.num_rows - table.num_rows % batch_rows
+
+
+def run_cut(table: pa.Table, batch_rows: int) -> list[pa.RecordBatch]:
+    """The record batches ``write_run`` writes ``table`` as: its rows that fill whole batches
+    of ``batch_rows``, then the rest, each part cut at most ``batch_rows`` rows a batch and at
+    the table's chunk boundaries."""
+    full = _whole_batches(table, batch_rows)
+    return table.slice(0, full).to_batches(max_chunksize=batch_rows) + \
+        table.slice(full).to_batches(max_chunksize=batch_rows)
+
+
 def write_run(table: pa.Table, path: Path, batch_rows: int, ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS) -> None:
     """``table`` (sorted) as the run ``path``, atomically."""
     with RunWriter(path, table.schema, batch_rows, commit=True, ipc=ipc) as w:
@@ -112,7 +126,8 @@ class RunStore:
     """Where a batch's sorted runs are kept: held in memory while their buffers fit
     ``allowance`` bytes in all, else written as IPC files (``write_run``, with ``ipc``), which
     ``--resume`` can reuse. A held run costs no write to the page cache and no read back
-    (docs/decisions-io.md "Runs held in memory"). The merge reads every run through
+    (docs/decisions-io.md "Runs held in memory"); ``held_bytes`` counts every run held so far
+    (the merge freeing them does not lower it). The merge reads every run through
     :meth:`batches` and :meth:`schema`, once: a held run is let go as it is handed over. One
     thread keeps runs; the merge reads them after. ``RunStore()`` holds nothing."""
 
@@ -124,27 +139,32 @@ class RunStore:
 
     def keep(self, stem: Path, runs: dict[str, tuple[pa.Table, int]]) -> dict:
         """Keep the runs of one batch (table name -> (table sorted by rollout_id, rows per run
-        batch)) under ``stem``: ``{"held": True}`` when held, else the written runs' record
-        (``runs_record``)."""
+        batch)) under ``stem``: ``{"held": True}`` when held (a file an earlier run left under
+        that name is removed), else the written runs' record (``runs_record``). A run counts
+        every buffer it references whole (``get_total_buffer_size``): what holding it keeps
+        alive."""
         size = sum(table.get_total_buffer_size() for table, _ in runs.values())
-        if self.held_bytes + size <= self.allowance:
+        if self.allowance > 0 and self.held_bytes + size <= self.allowance:
             self.held_bytes += size
-            self._held.update({run_path(stem, name): kept for name, kept in runs.items()})
+            for name, kept in runs.items():
+                path = run_path(stem, name)
+                path.unlink(missing_ok=True)
+                self._held[path] = kept
             return {"held": True}
         for name, (table, batch_rows) in runs.items():
             write_run(table, run_path(stem, name), batch_rows, self.ipc)
         return runs_record(stem, runs)
 
     def batches(self, path: Path):
-        """The run's record batches in order: a held run's, cut as its file would be, else
-        ``run_batches``."""
+        """The run's record batches in order: a held run's as ``write_run`` would have cut them
+        (``run_cut``), else ``run_batches``."""
         kept = self._held.pop(Path(path), None)
         if kept is None:
             return run_batches(path)
-        table, batch_rows = kept
-        return iter(table.to_batches(max_chunksize=batch_rows))
+        return iter(run_cut(*kept))
 
     def schema(self, path: Path) -> pa.Schema:
+        """The run's schema (a held run stays held)."""
         kept = self._held.get(Path(path))
         return kept[0].schema if kept is not None else run_schema(path)
 

@@ -22,8 +22,8 @@ class Summary:
     rows written for masked rollouts (in ``rows`` beside the ``rows`` trained rows). ``input_bytes``
     / ``decoded_bytes``: the columns read, uncompressed as stored and estimated once decoded
     (what the plan sizes memory by), from the footers. ``held_runs`` / ``written_runs``: of a stream's
-    or spill's batches with rows, those whose sorted runs were held in memory until the merge,
-    and those whose runs were written to disk.
+    windows with rows or a spill's buckets, those whose sorted runs (rows and report) were held
+    in memory until the merge, and those whose runs were written to disk.
     """
 
     rollouts: int = 0
@@ -113,8 +113,8 @@ class Summary:
                       f", {human_bytes(self.decoded_bytes)} decoded" if self.decoded_bytes else "")),
                   ("path", self.path_text())]
         if self.path in ("stream", "spill"):
-            lines.append(("  sorted runs", f"{self.held_runs:,} held in memory, "
-                                           f"{self.written_runs:,} written to disk"))
+            lines.append((f"  {self._UNITS[self.path]}s' runs", f"{self.held_runs:,} held in memory, "
+                                                                f"{self.written_runs:,} written to disk"))
         if self.peak_rss:
             lines.append(("peak memory", f"{self.peak_rss / 2**20:,.0f} MiB" + (
                 f" (budget {self.budget / 2**20:,.0f} MiB)" if self.budget else "")))

@@ -27,7 +27,9 @@ def _list_array(offsets: np.ndarray, values: pa.Array, large: bool | None = None
 def _token_lists(rows: RowArrays, values: np.ndarray, value_type: pa.DataType) -> pa.Array | pa.ChunkedArray:
     """A token-sized list column of the rows, zero copy: one list array over ``values``, or,
     where rows of dropped rollouts left gaps in the buffers (``rows.tok_pos``), one chunk per
-    run of rows that lie back to back, each over its own slice of ``values``. List type by the
+    run of rows that lie back to back, each over its own slice of one Arrow array of all of
+    ``values``: the column references the whole buffer it keeps alive, so its
+    ``get_total_buffer_size`` counts the gaps too (what holding it costs). List type by the
     rows' token total, so it does not depend on the gaps."""
     if rows.tok_pos is None:
         return _list_array(rows.tok_off, pa.array(values, value_type))
@@ -36,10 +38,11 @@ def _token_lists(rows: RowArrays, values: np.ndarray, value_type: pa.DataType) -
         return _list_array(off, pa.array(values[:0], value_type))
     starts = np.concatenate(([0], np.flatnonzero(pos[1:] != pos[:-1] + np.diff(off)[:-1]) + 1, [len(pos)]))
     large = off[-1] >= 2**31
+    whole = pa.array(values, value_type)
     chunks = []
     for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
         piece = off[a:b + 1] - off[a]
-        chunks.append(_list_array(piece, pa.array(values[pos[a]:pos[a] + piece[-1]], value_type), large))
+        chunks.append(_list_array(piece, whole.slice(int(pos[a]), int(piece[-1])), large))
     return pa.chunked_array(chunks, (pa.large_list if large else pa.list_)(value_type))
 
 

@@ -8,14 +8,16 @@ import os
 import sys
 
 # single-process knobs with no meaning on Ray (each task holds whole groups; Ray schedules)
-_NOT_WITH_RAY = (("memory_budget", "--memory-budget"), ("steps", "--steps"), ("resume", "--resume"),
-                 ("threads", "--threads"))
+_NOT_WITH_RAY = (("memory_budget", "--memory-budget"), ("steps", "--steps"), ("hold_runs", "--hold-runs"),
+                 ("resume", "--resume"), ("threads", "--threads"))
 
 
 def usage_problem(a) -> str | None:
-    """Why these reassemble arguments cannot go with --ray, or None."""
+    """Why these reassemble arguments cannot go with --ray, or None (an option left unset is
+    None or False; ``--hold-runs 0`` is set)."""
     for attr, flag in _NOT_WITH_RAY:
-        if getattr(a, attr, None):
+        value = getattr(a, attr, None)
+        if value is not None and value is not False:
             return f"{flag} does not apply with --ray"
     return None
 
