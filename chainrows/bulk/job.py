@@ -79,8 +79,9 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
 
     ``memory_budget``: peak resident bytes of the whole process; a budget below what the
     process needs is an InputError naming the smallest that works. ``resume``: reuse the
-    finished windows or buckets a killed run of the same dataset and options left in
-    ``out_dir/.chainrows-work``. ``route``: force a path (tests, ``--buckets``).
+    finished windows or buckets a killed run of the same dataset and options wrote to
+    ``out_dir/.chainrows-work`` (not the windows whose runs it held in memory). ``route``: force
+    a path (tests, ``--buckets``, ``--steps``).
     ``reassemble``: the engine call per batch (a seam for tests and other engines).
     Each input file's footer is read once (``footers.remembered``).
     """
