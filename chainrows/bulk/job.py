@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from chainrows.api import Result, run_tables
 from chainrows.bulk import plan as planner
-from chainrows.bulk.runs import ON_DISK, RunStore, kept_record, merge_tree, run_path
+from chainrows.bulk.runs import RunStore, kept_record, merge_tree, run_path
 from chainrows.bulk.spill import FINISHED, partition_once, reassemble_buckets, summary_of
 from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
@@ -137,17 +137,17 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
                 prepare_work(work, manifest(dataset_dir, options, route, memory_budget), resume)
                 with (one_arrow_thread() if tight else nullcontext()):
                     ipc = planner.spill_format(out, decoded)
-                    store = ON_DISK
                     if route.path == "stream":
                         hold = route.hold if route.hold is not None else _hold_allowance(room, route.plan, tight)
                         store = RunStore(hold, ipc)
                         runs = _stream(dataset_dir, work, route, decide, room, schemas, store, progress)
-                    else:
-                        runs = _spill(dataset_dir, work, route, decide, room, decoded, schemas, ipc, progress)
+                    else:  # a spill holds no run: a bucket's inputs are deleted once its runs are kept
+                        store = RunStore(0, ipc)
+                        runs = _spill(dataset_dir, work, route, decide, room, decoded, schemas, store, progress)
                     summary.merge(summary_of(runs))
                     summary.held_runs = sum(1 for r in runs if r.get("held"))
                     summary.written_runs = len(runs) - summary.held_runs
-                    _merge(work, runs, rows_w, report_w, room, tight, ipc, progress, store)
+                    _merge(work, runs, rows_w, report_w, room, tight, store, progress)
             except InputError:  # unusable input: work this run started is of no use to --resume
                 if made_work:
                     shutil.rmtree(work, ignore_errors=True)
@@ -352,15 +352,14 @@ def _stream(dataset_dir, work: Path, route: Route, decide, room: int, schemas, s
     return [records[k] for k in sorted(records)]
 
 
-def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int, schemas, ipc,
+def _spill(dataset_dir, work: Path, route: Route, decide, room: int, total: int, schemas, store: RunStore,
            progress) -> list[dict]:
     # The streaming Parquet reader holds ~9x its batch's decoded bytes (13x its stored bytes on
     # the capture shape, which decode to 1.46x those), the bucket buffers ~2.4x their size, and
     # one full flush is written while the next fills: batches of room/128 and buffers of room/16
     # keep partitioning near 0.4 of the room.
     spill = partition_once(dataset_dir, work, route.batches, _batch_rows(dataset_dir, room // 128),
-                           max(4 << 20, room // 16), total, progress, ipc)
-    store = RunStore(ipc=ipc)  # holds nothing: a bucket's inputs are deleted once its runs are kept
+                           max(4 << 20, room // 16), total, progress, store.ipc)
     return reassemble_buckets(spill, route.batches, decide,
                               lambda b, result, d: _keep(result, store, d, "out", schemas,
                                                          _run_batch_bytes(room, route.batches)),
@@ -373,11 +372,11 @@ def _batch_rows(dataset_dir, batch_bytes: int) -> int:
     return int(max(64, min(1 << 20, batch_bytes / max(size / max(rows, 1), 1.0))))
 
 
-def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: bool, ipc, progress,
-           store: RunStore = ON_DISK) -> None:
+def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: bool, store: RunStore,
+           progress) -> None:
     """Merge the sorted runs (held by ``store`` or on disk) into the final writers: all at once
     when their batches fit the merge's share of the room (runs were cut for that), else in
-    levels."""
+    levels written with ``store``'s IPC options."""
     stems = [Path(r["stem"]) for r in records]
     batch_bytes = max((r["batch_bytes"] for r in records), default=1)
     fan_in = max(2, min(len(stems), _open_file_limit() // 4,
@@ -396,10 +395,10 @@ def _merge(work: Path, records: list[dict], rows_w, report_w, room: int, tight: 
     # slower (docs/decisions-io.md "Merge steps").
     flush = room // (2 * MERGE_SHARE) if tight else 0
     merge_tree([run_path(s, "rows") for s in stems], rows_w,
-               rows_batch, fan_in, work / "merge-rows", release=tight, ipc=ipc, flush_bytes=flush, store=store)
+               rows_batch, fan_in, work / "merge-rows", release=tight, flush_bytes=flush, store=store)
     bar.advance(1)
     merge_tree([run_path(s, "report") for s in stems], report_w, report_batch,
-               report_fan_in, work / "merge-report", release=tight, ipc=ipc, flush_bytes=flush, store=store)
+               report_fan_in, work / "merge-report", release=tight, flush_bytes=flush, store=store)
     bar.advance(1)
     bar.close()
 

@@ -232,12 +232,11 @@ def run_schema(path: Path) -> pa.Schema:
 
 
 def merge_tree(files: list[Path], writer, batch_rows: int, fan_in: int, scratch: Path,
-               release: bool = False, ipc: pa.ipc.IpcWriteOptions = IPC_OPTIONS, flush_bytes: int = 0,
-               store: RunStore = ON_DISK) -> None:
+               release: bool = False, flush_bytes: int = 0, store: RunStore = ON_DISK) -> None:
     """Merge sorted runs into ``writer``, at most ``fan_in`` open at once (extra levels through
-    intermediate runs of ``batch_rows``-row batches, written with ``ipc``, when there are more);
-    ``release``, ``flush_bytes`` and ``store`` (where the runs named ``files`` are) as
-    :func:`merge_sorted` has them."""
+    intermediate runs of ``batch_rows``-row batches, written with ``store``'s IPC options, when
+    there are more); ``release``, ``flush_bytes`` and ``store`` (where the runs named ``files``
+    are) as :func:`merge_sorted` has them."""
     level = 0
     while len(files) > fan_in:
         scratch.mkdir(parents=True, exist_ok=True)
@@ -245,7 +244,7 @@ def merge_tree(files: list[Path], writer, batch_rows: int, fan_in: int, scratch:
         for i in range(0, len(files), fan_in):
             group = files[i:i + fan_in]
             path = scratch / f"run-{level}-{i // fan_in:05d}{RUN_SUFFIX}"
-            with RunWriter(path, store.schema(group[0]), batch_rows, ipc=ipc) as w:
+            with RunWriter(path, store.schema(group[0]), batch_rows, ipc=store.ipc) as w:
                 merge_sorted(group, w, release, flush_bytes, store)
             if level:  # intermediate runs only: the first level's inputs stay for --resume
                 for f in group:
