@@ -1,0 +1,1 @@
+"""File formats and importers: each folder one format, with its readers and writers."""
