@@ -24,6 +24,7 @@ import copy
 from dataclasses import dataclass, field
 
 import numpy as np
+from hypothesis import strategies as st
 
 from chainrows.io.fingerprint import model_item_keys
 from chainrows.reference.reassembly import chain_hash
@@ -929,3 +930,42 @@ def check_calls_case(case: CallsCase, result) -> None:
 
 
 CALLS_CASE_BY_NAME = {c.name: c for c in CALLS_CASES}
+
+
+# --------------------------------------------------------------------------------------------
+# Random call logs (hypothesis), for the property tests
+# --------------------------------------------------------------------------------------------
+
+
+
+@st.composite
+def call_logs(draw, max_records: int = 9, vocabulary: int = 3, max_new: int = 3):
+    records: list = []
+    for _ in range(draw(st.integers(0, max_records))):
+        rollout = draw(st.sampled_from(["a", "b"]))
+        mine = [r for r in records if r["rollout_id"] == rollout and "prompt_ids" in r]
+        source = draw(st.sampled_from(["fresh", "full", "prompt"]) if mine else st.just("fresh"))
+        if source == "fresh":
+            base = []
+        else:
+            r = draw(st.sampled_from(mine))
+            base = r["prompt_ids"] + (r["completion_ids"] if source == "full" else [])
+            base = base[:draw(st.integers(0, len(base)))] if draw(st.booleans()) else base
+        prompt = base + draw(st.lists(st.integers(0, vocabulary - 1), max_size=max_new))
+        completion = draw(st.lists(st.integers(0, vocabulary - 1), min_size=1, max_size=max_new))
+        call_id = f"c{draw(st.integers(0, 6))}"
+        kind = draw(st.sampled_from(["plain"] * 6 + ["declared", "failed", "failed_bare"]))
+        if kind == "failed_bare":
+            records.append(failed(call_id, rollout))
+            continue
+        rec = call(call_id, prompt, completion, rollout)
+        if kind == "failed":
+            rec["failed"] = True
+        if draw(st.integers(0, 3)) == 0:
+            rec["completion_logprobs"] = [-0.5] * len(completion)
+        if kind == "declared" or (kind == "failed" and draw(st.booleans())):
+            rec["parent_id"] = draw(st.sampled_from([None, "zz"] + [f"c{k}" for k in range(7)]))
+        records.append(rec)
+    return records
+
+

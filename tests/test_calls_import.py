@@ -73,3 +73,38 @@ def test_case_arrow_table(case):
     res = import_tables(as_table(case.inputs()), on_drift=case.on_drift)
     check_calls_case(case, Out(res.ledger.to_pylist(), res.tokens.to_pylist(), res.import_report.to_pylist(),
                                res.summary.has_logprobs))
+
+
+# --------------------------------------------------------------------------------------------
+# Against the oracle on random call logs
+# --------------------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from chainrows.reference.calls import import_calls as reference_import  # noqa: E402
+
+from calls_cases import call_logs  # noqa: E402
+
+
+def _same_as_reference(records: list, on_drift: str, tmp_path, batch_bytes: int) -> None:
+    want = reference_import(records, on_drift=on_drift)
+    got = import_via_jsonl(records, on_drift=on_drift, tmp_path=tmp_path, batch_bytes=batch_bytes)
+    assert got.has_logprobs == want.has_logprobs
+    assert got.report == want.report
+    assert got.ledger == want.ledger
+    assert got.tokens == want.tokens
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(call_logs(), st.sampled_from(["root", "mask"]), st.sampled_from([1, 200, 1 << 20]))
+def test_same_as_reference_on_small_logs(tmp_path, records, on_drift, batch_bytes):
+    _same_as_reference(records, on_drift, tmp_path, batch_bytes)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(call_logs(max_records=40, vocabulary=4, max_new=8), st.sampled_from(["root", "mask"]))
+def test_same_as_reference_on_longer_logs(tmp_path, records, on_drift):
+    _same_as_reference(records, on_drift, tmp_path, 1 << 20)

@@ -13,7 +13,7 @@ from chainrows.reference import calls as C
 from chainrows.reference.calls import RELATIONS, import_calls
 
 from calls_cases import (  # tests/ on sys.path: conftest.py
-    CALLS_CASE_BY_NAME, CALLS_CASES, RELATIONS as CASE_RELATIONS, call, check_calls_case,
+    CALLS_CASE_BY_NAME, CALLS_CASES, RELATIONS as CASE_RELATIONS, call, call_logs, check_calls_case,
     check_calls_invariants, failed, worked_records,
 )
 
@@ -139,40 +139,6 @@ def test_no_records():
 # --------------------------------------------------------------------------------------------
 # Invariants on random call logs
 # --------------------------------------------------------------------------------------------
-
-TOKENS = st.integers(0, 2)  # a tiny vocabulary: prefixes, retries and drifts happen often
-
-
-@st.composite
-def call_logs(draw):
-    records: list = []
-    for _ in range(draw(st.integers(0, 9))):
-        rollout = draw(st.sampled_from(["a", "b"]))
-        mine = [r for r in records if r["rollout_id"] == rollout and "prompt_ids" in r]
-        source = draw(st.sampled_from(["fresh", "full", "prompt"]) if mine else st.just("fresh"))
-        if source == "fresh":
-            base = []
-        else:
-            r = draw(st.sampled_from(mine))
-            base = r["prompt_ids"] + (r["completion_ids"] if source == "full" else [])
-            base = base[:draw(st.integers(0, len(base)))] if draw(st.booleans()) else base
-        prompt = base + draw(st.lists(TOKENS, max_size=3))
-        completion = draw(st.lists(TOKENS, min_size=1, max_size=3))
-        call_id = f"c{draw(st.integers(0, 6))}"
-        kind = draw(st.sampled_from(["plain"] * 6 + ["declared", "failed", "failed_bare"]))
-        if kind == "failed_bare":
-            records.append(failed(call_id, rollout))
-            continue
-        rec = call(call_id, prompt, completion, rollout)
-        if kind == "failed":
-            rec["failed"] = True
-        if draw(st.integers(0, 3)) == 0:
-            rec["completion_logprobs"] = [-0.5] * len(completion)
-        if kind == "declared" or (kind == "failed" and draw(st.booleans())):
-            rec["parent_id"] = draw(st.sampled_from([None, "zz"] + [f"c{k}" for k in range(7)]))
-        records.append(rec)
-    return records
-
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(call_logs(), st.sampled_from(["root", "mask"]))
