@@ -167,6 +167,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_gym_parsers(sub)
 
+    from chainrows.formats.calls.command import add_parser as add_calls_parser  # import-calls
+
+    add_calls_parser(sub)
+
     st = sub.add_parser("stats", help="what a dataset holds, and what cc (linear and forest plan) recovers "
                                       "over ordinary capture",
                         description="Reassemble a dataset three ways (ordinary, cc linear, cc forest) "
@@ -436,6 +440,10 @@ COMMANDS = {"reassemble": cmd_reassemble, "synth": cmd_synth, "import-jsonl": cm
 from chainrows.io.gym.cli import COMMANDS as _GYM_COMMANDS  # noqa: E402 (argparse only, no heavy imports)
 
 COMMANDS.update(_GYM_COMMANDS)
+
+from chainrows.formats.calls.command import COMMANDS as _CALLS_COMMANDS  # noqa: E402 (argparse only)
+
+COMMANDS.update(_CALLS_COMMANDS)
 
 
 class Terminated(KeyboardInterrupt):

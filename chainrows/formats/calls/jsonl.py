@@ -10,9 +10,10 @@ reader would goes to the exact reader, which gives its value or its error.
 
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 
@@ -78,21 +79,49 @@ def exact_batch(lines: list, first_record: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict(columns, schema=RECORDS)
 
 
-def read_jsonl(path: str | os.PathLike, first_record: int = 0,
-               batch_bytes: int = BATCH_BYTES) -> Iterator[pa.RecordBatch]:
+def raw_blocks(path: Path, block_bytes: int) -> Iterator[tuple[list, list, int]]:
+    """(line numbers, raw lines, input bytes consumed) of the non-blank lines of a JSON Lines
+    file (gzip when its name ends in ``.gz``), about ``block_bytes`` of lines at a time; the
+    bytes consumed are of the file as stored (compressed for ``.gz``). InputError when the
+    file cannot be opened or read (a truncated .gz), naming it."""
+    try:
+        raw = open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"cannot open JSON Lines file: {exc.strerror or exc}", table=TABLE, file=path) from exc
+    with raw:
+        handle = gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw
+        numbers, lines, size, told = [], [], 0, 0
+        try:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                numbers.append(number)
+                lines.append(line)
+                size += len(line)
+                if size >= block_bytes:
+                    at = raw.tell()
+                    yield numbers, lines, at - told
+                    told, numbers, lines, size = at, [], [], 0
+        except (OSError, EOFError) as exc:
+            raise InputError(f"cannot read JSON Lines file: {exc}", table=TABLE, file=path) from exc
+        yield numbers, lines, raw.tell() - told
+
+
+def read_jsonl(path: str | os.PathLike, first_record: int = 0, batch_bytes: int = BATCH_BYTES,
+               advance: Callable[[int], None] | None = None) -> Iterator[pa.RecordBatch]:
     """RECORDS batches of a JSON Lines call log, in line order, records numbered from
-    ``first_record``. InputError (file, line, field) on the first malformed line."""
+    ``first_record``; ``advance(n)`` is told the file bytes each batch consumed. InputError
+    (file, line, field) on the first malformed line."""
     path = Path(path)
-    lines, size, n = [], 0, first_record
-    for r in J.iter_records(path, TABLE):
-        lines.append(r)
-        size += 64 + sum(len(v) if isinstance(v, list) else 1 for v in r.rec.values())
-        if size >= batch_bytes:
-            yield exact_batch(lines, n)
-            n += len(lines)
-            lines, size = [], 0
-    if lines:
-        yield exact_batch(lines, n)
+    n = first_record
+    for numbers, lines, consumed in raw_blocks(path, batch_bytes):
+        parsed = [J._Line(J.parse_object(raw, path, number, TABLE), path, number, TABLE)
+                  for number, raw in zip(numbers, lines)]
+        if parsed:
+            yield exact_batch(parsed, n)
+            n += len(parsed)
+        if advance:
+            advance(consumed)
 
 
-__all__ = ["read_jsonl", "parse_record", "exact_batch", "InputError"]
+__all__ = ["read_jsonl", "parse_record", "exact_batch", "raw_blocks"]

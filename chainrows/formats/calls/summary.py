@@ -15,8 +15,8 @@ SAMPLES = 10  # drift and mismatch places the summary lists
 @dataclass
 class CallsSummary:
     """Counts over every record imported. ``samples``: the first SAMPLES drift or
-    declared-mismatch places, as dicts (rollout_id, call_id, relation, against_call,
-    diverge_at, diverge_token, against_token)."""
+    declared-mismatch places in input order, as dicts (record, rollout_id, call_id, relation,
+    against_call, diverge_at, diverge_token, against_token)."""
 
     records: int = 0
     relations: np.ndarray = field(default_factory=lambda: np.zeros(len(RELATIONS), np.int64))
@@ -93,7 +93,7 @@ def _sample(batch, dec, i: int, against: str) -> dict:
     def tok(v):
         return None if v == NO_TOKEN else int(v)
 
-    return dict(rollout_id=batch.column("rollout_id")[i].as_py(), call_id=batch.column("call_id")[i].as_py(),
+    return dict(record=batch.column("record")[i].as_py(), rollout_id=batch.column("rollout_id")[i].as_py(), call_id=batch.column("call_id")[i].as_py(),
                 relation=RELATIONS[dec.relation[i]], against_call=against, diverge_at=int(dec.diverge[i]),
                 diverge_token=tok(dec.tok_here[i]), against_token=tok(dec.tok_there[i]))
 

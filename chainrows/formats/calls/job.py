@@ -1,0 +1,173 @@
+"""``import_calls``: a full-sequence call log -> a SPEC §2 dataset + ``import_report.parquet``,
+under a memory budget, all or nothing (SPEC §8).
+
+Memory. The log is read a chunk at a time and every chunk's rows are written as it is decided,
+so what stays is the state (chainrows.formats.calls.state): every rollout's trie, about the
+deltas written, plus a few dozen bytes per call. A call log repeats every prompt, so it is
+usually many times the dataset it becomes and the state fits where the log does not. The
+import streams first; if the state outgrows its share of the budget, it starts again bucketed
+(chainrows.formats.calls.buckets) with as many buckets as the growth seen so far says the
+whole log needs. Both paths write the same bytes.
+
+Everything is staged through AtomicOutput: a malformed record (InputError), a failed write or
+an interrupt leaves no dataset behind.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from chainrows.formats.calls.buckets import Merge, Partition, RunWriter
+from chainrows.formats.calls.importer import Importer
+from chainrows.formats.calls.outputs import NAMES, CallsOutput
+from chainrows.formats.calls.sources import CallsSource, open_source
+from chainrows.formats.calls.summary import SAMPLES, CallsSummary
+from chainrows.formats.calls.tables import LEDGER, REPORT, TOKENS
+from chainrows.io.budget import check_budget, footprint_after
+from chainrows.io.memory import process_peak_rss
+from chainrows.io.write import AtomicOutput
+from chainrows.progress import Progress
+
+DEFAULT_BUDGET = 4 << 30
+STATE_SHARE = 0.6     # of the room above the baseline, what the state may use
+WORK_BYTES = 384 << 20  # a chunk decoded and its outputs, the encoders' queue, with margin
+MAX_BUCKETS = 4096
+
+
+class StateOutgrown(Exception):
+    """The streaming import's state passed its allowance: ``projected`` bytes for the whole log."""
+
+    def __init__(self, projected: int):
+        super().__init__(f"state projected at {projected} bytes")
+        self.projected = projected
+
+
+def load_kernels() -> None:
+    """Run every kernel of the import once (compiling them on a cold cache)."""
+    from chainrows.formats.calls.records import records_batch
+
+    batch = records_batch({
+        "record": [0, 1], "rollout_id": ["w", "w"], "call_id": ["a", "b"], "response_id": [None, None],
+        "declares": [False, True], "parent_id": [None, "a"], "failed": [False, False],
+        "prompt_ids": [[1, 2], [1, 2, 3, 4]], "completion_ids": [[3], [5]],
+        "completion_logprobs": [[-0.5], None], "item_keys": [[1], [2]], "item_ids": [["x"], [None]],
+    })
+    Importer("mask").add(batch)
+
+
+def import_calls(calls: str | os.PathLike, results: str | os.PathLike, out: str | os.PathLike, *,
+                 on_drift: str = "root", memory_budget: int = DEFAULT_BUDGET, progress: bool | None = None,
+                 buckets: int | None = None) -> CallsSummary:
+    """Import the call log ``calls`` (JSON Lines or Parquet, docs/calls.md) with the results file
+    ``results`` (as import-jsonl reads it) into the dataset directory ``out``. ``buckets``: force
+    the bucketed path with that many buckets (tests, measurements). InputError (file, line or
+    row, field) on malformed input; nothing is written then."""
+    t0 = time.perf_counter()
+    source = open_source(calls)
+    footprint = footprint_after(load_kernels)
+    check_budget(memory_budget, footprint)
+    allowance = max(STATE_SHARE * footprint.room(memory_budget) - WORK_BYTES, 64 << 20)
+    from chainrows.io.jsonl import read_results_jsonl
+
+    rollouts = read_results_jsonl(results)
+    summary = None
+    if buckets is None:
+        try:
+            summary = _stream(source, out, on_drift, allowance, rollouts, progress)
+        except StateOutgrown as grown:
+            buckets = min(MAX_BUCKETS, max(2, math.ceil(1.25 * grown.projected / allowance)))
+            why = f"the rollouts' state would reach {grown.projected / (1 << 20):,.0f} MiB"
+    else:
+        why = "forced"
+    if summary is None:
+        summary = _bucketed(source, out, on_drift, buckets, rollouts, progress)
+        summary.path = f"{buckets} buckets of rollouts ({why})"
+    summary.seconds = time.perf_counter() - t0
+    summary.peak_rss = process_peak_rss()
+    return summary
+
+
+def _stream(source: CallsSource, out, on_drift: str, allowance: float, rollouts: pa.Table,
+            progress: bool | None) -> CallsSummary:
+    importer = Importer(on_drift)
+    bar = Progress("importing", source.size, enabled=progress)
+    consumed = [0]
+
+    def advance(n: int) -> None:
+        consumed[0] += n
+        bar.advance(n)
+
+    try:
+        with AtomicOutput(out, names=NAMES) as staged, CallsOutput(staged, source.maybe_logprobs) as writer:
+            for batch in source.batches(advance):
+                writer.write(*importer.add(batch))
+                state = importer.state.nbytes
+                if state > allowance:
+                    done = max(consumed[0], 1)
+                    raise StateOutgrown(int(state * max(source.size / done, 1.0)))
+            importer.summary.results = rollouts.num_rows
+            writer.finish(rollouts, importer.summary.has_logprobs)
+    finally:
+        bar.close()
+    importer.summary.path = "one pass (the rollouts' state fits)"
+    return importer.summary
+
+
+def _bucketed(source: CallsSource, out, on_drift: str, k: int, rollouts: pa.Table,
+              progress: bool | None) -> CallsSummary:
+    summary = CallsSummary()
+    with AtomicOutput(out, names=NAMES) as staged, CallsOutput(staged, source.maybe_logprobs) as writer:
+        work = Path(staged.tmp_dir) / "buckets"
+        partition = Partition(work, k)
+        bar = Progress("partitioning", source.size, enabled=progress)
+        for batch in source.batches(bar.advance):
+            partition.add(batch)
+        partition.close()
+        bar.close()
+        runs = _import_buckets(partition, work, on_drift, summary, progress)
+        merge = Merge(partition, runs)
+        for tables in merge.windows():
+            writer.write(*tables)
+        merge.close()
+        summary.results = rollouts.num_rows
+        writer.finish(rollouts, summary.has_logprobs)
+    return summary
+
+
+def _import_buckets(partition: Partition, work: Path, on_drift: str, summary: CallsSummary,
+                    progress: bool | None) -> list:
+    """Import every bucket alone into its run files; the summaries added into ``summary``."""
+    runs = []
+    bar = Progress("buckets", partition.k, enabled=progress, unit="buckets")
+    for b in range(partition.k):
+        importer = Importer(on_drift)
+        run = RunWriter(work, b, (LEDGER, TOKENS, REPORT))
+        for batch in partition.batches(b):
+            run.write(*importer.add(batch))
+        run.close()
+        _add(summary, importer.summary)
+        runs.append(run.paths)
+        partition.paths[b].unlink(missing_ok=True)
+        bar.advance(1)
+    bar.close()
+    return runs
+
+
+def _add(total: CallsSummary, part: CallsSummary) -> None:
+    """Counts of a bucket's import added to the whole's (buckets hold disjoint rollouts)."""
+    total.records += part.records
+    total.relations = total.relations + part.relations
+    total.rollouts += part.rollouts
+    total.drifted_rollouts += part.drifted_rollouts
+    total.input_tokens += part.input_tokens
+    total.delta_tokens += part.delta_tokens
+    total.has_logprobs = total.has_logprobs or part.has_logprobs
+    total.samples = sorted(total.samples + part.samples, key=lambda s: s["record"])[:SAMPLES]
+
+
+__all__ = ["import_calls", "load_kernels", "DEFAULT_BUDGET", "StateOutgrown"]

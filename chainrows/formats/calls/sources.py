@@ -1,0 +1,112 @@
+"""Where a call log lives (SPEC §8.1): a JSON Lines file (``.jsonl``, ``.jsonl.gz``), a Parquet
+file, or a directory of Parquet files; and its records batches, in input order.
+
+A directory is read file by file in lexicographic order of file names, skipping names that
+start with ``.`` or ``_`` (as the dataset reader does). A file that is neither (by its name or,
+for other names, its first bytes) is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from chainrows.formats.calls.arrow_input import TABLE, check_columns, records_from_table
+from chainrows.formats.calls.jsonl import read_jsonl
+from chainrows.io.errors import InputError
+
+PARQUET_BATCH_BYTES = 32 << 20  # decoded bytes per records batch, about
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass
+class CallsSource:
+    """A call log: ``kind`` "jsonl" or "parquet", its files, their total size in bytes."""
+
+    path: Path
+    kind: str
+    files: list
+    size: int
+
+    @property
+    def maybe_logprobs(self) -> bool:
+        """Whether records may carry completion_logprobs: a Parquet log without the column in
+        any file has none; a JSON Lines log may have them anywhere."""
+        if self.kind == "jsonl":
+            return True
+        return any(pq.read_schema(f).get_field_index("completion_logprobs") >= 0 for f in self.files)
+
+    def batches(self, advance: Callable[[int], None] | None = None) -> Iterator[pa.RecordBatch]:
+        """Records batches in input order, records numbered from 0; ``advance(n)`` is told each
+        ``n`` bytes of input consumed."""
+        if self.kind == "jsonl":
+            yield from read_jsonl(self.files[0], advance=advance)
+            return
+        first = 0
+        for file in self.files:
+            for batch, consumed in parquet_batches(file, first):
+                first += batch.num_rows
+                yield batch
+                if advance:
+                    advance(consumed)
+
+
+def open_source(path: str | os.PathLike) -> CallsSource:
+    """The call log at ``path``; InputError when there is none, or it is of no known kind."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if not p.name.startswith((".", "_")))
+        for f in files:
+            if not f.is_file():
+                raise InputError(f"{f.name!r} in the call log directory is not a regular file",
+                                 table=TABLE, directory=path)
+        return CallsSource(path, "parquet", files, sum(f.stat().st_size for f in files))
+    if not path.is_file():
+        raise InputError(f"call log {str(path)!r} does not exist or is not a file or directory", table=TABLE)
+    return CallsSource(path, _kind(path), [path], path.stat().st_size)
+
+
+def _kind(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson", ".ndjson.gz")):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    if head == b"PAR1":
+        return "parquet"
+    if head[:2] == _GZIP_MAGIC or head[:1] in (b"{", b" ", b"\n", b"\t", b"\r") or not head:
+        return "jsonl"
+    raise InputError("not a call log: expected JSON Lines (.jsonl, .jsonl.gz) or Parquet", table=TABLE,
+                     file=path)
+
+
+def parquet_batches(file: Path, first_record: int) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """(records batch, file bytes it stands for) of one Parquet call log file, in row order,
+    about PARQUET_BATCH_BYTES decoded at a time."""
+    try:
+        pf = pq.ParquetFile(file)
+        columns = check_columns(pf.schema_arrow, file)
+        meta = pf.metadata
+        row_bytes = max(1, sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+                        // max(meta.num_rows, 1))
+        rows = max(1, PARQUET_BATCH_BYTES // row_bytes)
+        row0, size, told = 0, os.path.getsize(file), 0
+        for batch in pf.iter_batches(batch_size=rows, columns=columns, use_threads=True):
+            table = pa.Table.from_batches([batch])
+            records = records_from_table(table, file=file, row0=row0, first_record=first_record + row0)
+            row0 += batch.num_rows
+            at = size * row0 // max(meta.num_rows, 1)
+            yield records, at - told
+            told = at
+    except (OSError, pa.ArrowInvalid) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"cannot read Parquet file: {' '.join(str(exc).split())}", table=TABLE,
+                         file=file) from exc
