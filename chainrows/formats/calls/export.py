@@ -140,4 +140,17 @@ def write_results_jsonl(path: str | os.PathLike, rollouts: pa.Table) -> None:
             f.write(json.dumps(rec, allow_nan=True) + "\n")
 
 
-__all__ = ["export_calls", "results_records", "write_results_jsonl", "stand_in"]
+__all__ = ["export_calls", "results_records", "write_results_jsonl", "write_calls_jsonl", "stand_in"]
+
+
+def write_calls_jsonl(calls: pa.Table, path: str | os.PathLike, *, batch_rows: int = 1024) -> None:
+    """A call log table (the Parquet form) as JSON Lines: ``output_items`` as JSON, a null
+    field left out (but ``parent_id``, whose null declares a root when the column exists)."""
+    declares = "parent_id" in calls.column_names
+    with open(path, "w", encoding="utf-8") as f:
+        for batch in calls.to_batches(batch_rows):
+            for row in batch.to_pylist():
+                rec = {k: v for k, v in row.items() if v is not None or (k == "parent_id" and declares)}
+                if "output_items" in rec:
+                    rec["output_items"] = json.loads(rec["output_items"])
+                f.write(json.dumps(rec, allow_nan=True) + "\n")

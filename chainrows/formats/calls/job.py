@@ -60,6 +60,12 @@ def load_kernels() -> None:
     Importer("mask").add(batch)
 
 
+def state_allowance(room: int) -> float:
+    """Bytes the state may reach before the import goes bucketed, of ``room`` above the
+    process's baseline."""
+    return max(STATE_SHARE * room - WORK_BYTES, 64 << 20)
+
+
 def import_calls(calls: str | os.PathLike, results: str | os.PathLike, out: str | os.PathLike, *,
                  on_drift: str = "root", memory_budget: int = DEFAULT_BUDGET, progress: bool | None = None,
                  buckets: int | None = None) -> CallsSummary:
@@ -71,7 +77,7 @@ def import_calls(calls: str | os.PathLike, results: str | os.PathLike, out: str 
     source = open_source(calls)
     footprint = footprint_after(load_kernels)
     check_budget(memory_budget, footprint)
-    allowance = max(STATE_SHARE * footprint.room(memory_budget) - WORK_BYTES, 64 << 20)
+    allowance = state_allowance(footprint.room(memory_budget))
     from chainrows.io.jsonl import read_results_jsonl
 
     rollouts = read_results_jsonl(results)

@@ -107,14 +107,14 @@ def raw_blocks(path: Path, block_bytes: int) -> Iterator[tuple[list, list, int]]
         yield numbers, lines, raw.tell() - told
 
 
-def read_jsonl(path: str | os.PathLike, first_record: int = 0, batch_bytes: int = BATCH_BYTES,
+def read_jsonl(path: str | os.PathLike, first_record: int = 0, batch_bytes: int | None = None,
                advance: Callable[[int], None] | None = None) -> Iterator[pa.RecordBatch]:
     """RECORDS batches of a JSON Lines call log, in line order, records numbered from
     ``first_record``; ``advance(n)`` is told the file bytes each batch consumed. InputError
     (file, line, field) on the first malformed line."""
     path = Path(path)
     n = first_record
-    for numbers, lines, consumed in raw_blocks(path, batch_bytes):
+    for numbers, lines, consumed in raw_blocks(path, batch_bytes or BATCH_BYTES):
         parsed = [J._Line(J.parse_object(raw, path, number, TABLE), path, number, TABLE)
                   for number, raw in zip(numbers, lines)]
         if parsed:
