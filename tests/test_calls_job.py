@@ -88,7 +88,7 @@ def test_bucketed_gives_the_same_bytes(logs, imported, tmp_path, buckets, capsys
 
 def test_state_outgrowing_its_allowance_goes_bucketed_with_the_same_bytes(logs, imported, tmp_path,
                                                                            monkeypatch, capsys):
-    monkeypatch.setattr(job, "state_allowance", lambda room: 200_000)
+    monkeypatch.setattr(job.Plan, "of", classmethod(lambda cls, room: cls(1 << 20, 1 << 20, 200_000)))
     out = tmp_path / "imp"
     rc = cli_main(["import-calls", str(logs["parquet"]), str(logs["results"]), str(out)])
     summary = capsys.readouterr().out
@@ -196,7 +196,7 @@ def test_an_interrupt_leaves_nothing_and_exits_130(logs, tmp_path, monkeypatch, 
         return real(self, batch)
 
     monkeypatch.setattr(importer.Importer, "add", add)
-    monkeypatch.setattr("chainrows.formats.calls.jsonl.BATCH_BYTES", 1 << 16)
+    monkeypatch.setattr(job.Plan, "of", classmethod(lambda cls, room: cls(1 << 16, 1 << 20, 1 << 40)))
     out = tmp_path / "out"
     rc = cli_main(["import-calls", str(logs["jsonl"]), str(logs["results"]), str(out)])
     assert rc == 130 and len(seen) == 3

@@ -35,16 +35,17 @@ def add_parser(sub) -> None:
 
 
 def cmd_import_calls(a: argparse.Namespace) -> int:
-    from chainrows.cli import _wrote
+    from chainrows.cli import _CompileNotice, _wrote
     from chainrows.formats.calls.job import DEFAULT_BUDGET, import_calls
     from chainrows.formats.calls.outputs import NAMES
     from chainrows.io.write import check_destination
     from chainrows.stdout import print_summary
 
     check_destination(a.out, NAMES, inputs=[a.calls, a.results], overwrite=a.overwrite)
-    summary = import_calls(a.calls, a.results, a.out, on_drift=a.on_drift,
-                           memory_budget=a.memory_budget or DEFAULT_BUDGET, progress=a.progress,
-                           buckets=a.buckets)
+    with _CompileNotice(a.progress):
+        summary = import_calls(a.calls, a.results, a.out, on_drift=a.on_drift,
+                               memory_budget=a.memory_budget or DEFAULT_BUDGET, progress=a.progress,
+                               buckets=a.buckets)
     print_summary(f"chainrows import-calls {a.calls} -> {a.out}", f"wrote {_wrote(a.out, NAMES)}",
                   summary.format())
     return 0

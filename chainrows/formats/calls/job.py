@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,7 +26,7 @@ import pyarrow as pa
 from chainrows.formats.calls.buckets import Merge, Partition, RunWriter
 from chainrows.formats.calls.importer import Importer
 from chainrows.formats.calls.outputs import NAMES, CallsOutput
-from chainrows.formats.calls.sources import CallsSource, open_source
+from chainrows.formats.calls.sources import CallsSource, open_source, read_ahead
 from chainrows.formats.calls.summary import SAMPLES, CallsSummary
 from chainrows.formats.calls.tables import LEDGER, REPORT, TOKENS
 from chainrows.io.budget import check_budget, footprint_after
@@ -34,9 +35,29 @@ from chainrows.io.write import AtomicOutput
 from chainrows.progress import Progress
 
 DEFAULT_BUDGET = 4 << 30
-STATE_SHARE = 0.6     # of the room above the baseline, what the state may use
-WORK_BYTES = 384 << 20  # a chunk decoded and its outputs, the encoders' queue, with margin
+SHARE = 0.75          # of the room above the baseline, what the import plans to use
+CHUNK_SHARE = 32      # a chunk of the log: 1 / CHUNK_SHARE of the room, within the limits below
+CHUNK_LIMITS = (2 << 20, 32 << 20)
+WORK_CHUNKS = 12      # a chunk's peak while it is read and decided (two in flight), in chunks
+ENCODE_SHARE = 16     # cut row groups waiting for the encoders: 1 / ENCODE_SHARE of the room
 MAX_BUCKETS = 4096
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the import uses the room above the process's baseline: the log's chunk size (bytes of
+    JSON, or of decoded Parquet values), the encoders' queue, and what the state may reach before
+    the import goes bucketed (docs/limits.md "Importing call logs")."""
+
+    chunk_bytes: int
+    encode_bytes: int
+    state_bytes: int
+
+    @classmethod
+    def of(cls, room: int) -> "Plan":
+        chunk = int(min(max(room // CHUNK_SHARE, CHUNK_LIMITS[0]), CHUNK_LIMITS[1]))
+        encode = int(min(room // ENCODE_SHARE, 64 << 20))
+        return cls(chunk, encode, int(max(SHARE * room - WORK_CHUNKS * chunk - encode, 16 << 20)))
 
 
 class StateOutgrown(Exception):
@@ -47,23 +68,19 @@ class StateOutgrown(Exception):
         self.projected = projected
 
 
+_WARM_LINES = [  # a root and a declared child: every kernel of the one-pass path runs
+    b'{"rollout_id": "w", "call_id": "a", "prompt_ids": [1, 2], "completion_ids": [3], '
+    b'"completion_logprobs": [-0.12345678901234567], "output_items": []}\n',
+    b'{"rollout_id": "w", "call_id": "b", "parent_id": "a", "prompt_ids": [1, 2, 3, 4], '
+    b'"completion_ids": [5], "output_items": []}\n']
+
+
 def load_kernels() -> None:
     """Run every kernel of the import once (compiling them on a cold cache)."""
-    from chainrows.formats.calls.records import records_batch
+    from chainrows.formats.calls.jsonl import fast_batch
 
-    batch = records_batch({
-        "record": [0, 1], "rollout_id": ["w", "w"], "call_id": ["a", "b"], "response_id": [None, None],
-        "declares": [False, True], "parent_id": [None, "a"], "failed": [False, False],
-        "prompt_ids": [[1, 2], [1, 2, 3, 4]], "completion_ids": [[3], [5]],
-        "completion_logprobs": [[-0.5], None], "item_keys": [[1], [2]], "item_ids": [["x"], [None]],
-    })
+    batch = fast_batch([1, 2], _WARM_LINES, Path("warm-up"), 0)
     Importer("mask").add(batch)
-
-
-def state_allowance(room: int) -> float:
-    """Bytes the state may reach before the import goes bucketed, of ``room`` above the
-    process's baseline."""
-    return max(STATE_SHARE * room - WORK_BYTES, 64 << 20)
 
 
 def import_calls(calls: str | os.PathLike, results: str | os.PathLike, out: str | os.PathLike, *,
@@ -77,28 +94,28 @@ def import_calls(calls: str | os.PathLike, results: str | os.PathLike, out: str 
     source = open_source(calls)
     footprint = footprint_after(load_kernels)
     check_budget(memory_budget, footprint)
-    allowance = state_allowance(footprint.room(memory_budget))
+    plan = Plan.of(footprint.room(memory_budget))
     from chainrows.io.jsonl import read_results_jsonl
 
     rollouts = read_results_jsonl(results)
     summary = None
     if buckets is None:
         try:
-            summary = _stream(source, out, on_drift, allowance, rollouts, progress)
+            summary = _stream(source, out, on_drift, plan, rollouts, progress)
         except StateOutgrown as grown:
-            buckets = min(MAX_BUCKETS, max(2, math.ceil(1.25 * grown.projected / allowance)))
+            buckets = min(MAX_BUCKETS, max(2, math.ceil(1.25 * grown.projected / plan.state_bytes)))
             why = f"the rollouts' state would reach {grown.projected / (1 << 20):,.0f} MiB"
     else:
         why = "forced"
     if summary is None:
-        summary = _bucketed(source, out, on_drift, buckets, rollouts, progress)
+        summary = _bucketed(source, out, on_drift, buckets, rollouts, plan, progress)
         summary.path = f"{buckets} buckets of rollouts ({why})"
     summary.seconds = time.perf_counter() - t0
     summary.peak_rss = process_peak_rss()
     return summary
 
 
-def _stream(source: CallsSource, out, on_drift: str, allowance: float, rollouts: pa.Table,
+def _stream(source: CallsSource, out, on_drift: str, plan: Plan, rollouts: pa.Table,
             progress: bool | None) -> CallsSummary:
     importer = Importer(on_drift)
     bar = Progress("importing", source.size, enabled=progress)
@@ -109,11 +126,12 @@ def _stream(source: CallsSource, out, on_drift: str, allowance: float, rollouts:
         bar.advance(n)
 
     try:
-        with AtomicOutput(out, names=NAMES) as staged, CallsOutput(staged, source.maybe_logprobs) as writer:
-            for batch in source.batches(advance):
+        with AtomicOutput(out, names=NAMES) as staged, \
+                CallsOutput(staged, source.maybe_logprobs, plan.encode_bytes) as writer:
+            for batch in read_ahead(source.batches(plan.chunk_bytes, advance)):
                 writer.write(*importer.add(batch))
                 state = importer.state.nbytes
-                if state > allowance:
+                if state > plan.state_bytes:
                     done = max(consumed[0], 1)
                     raise StateOutgrown(int(state * max(source.size / done, 1.0)))
             importer.summary.results = rollouts.num_rows
@@ -124,14 +142,15 @@ def _stream(source: CallsSource, out, on_drift: str, allowance: float, rollouts:
     return importer.summary
 
 
-def _bucketed(source: CallsSource, out, on_drift: str, k: int, rollouts: pa.Table,
+def _bucketed(source: CallsSource, out, on_drift: str, k: int, rollouts: pa.Table, plan: Plan,
               progress: bool | None) -> CallsSummary:
     summary = CallsSummary()
-    with AtomicOutput(out, names=NAMES) as staged, CallsOutput(staged, source.maybe_logprobs) as writer:
+    with AtomicOutput(out, names=NAMES) as staged, \
+            CallsOutput(staged, source.maybe_logprobs, plan.encode_bytes) as writer:
         work = Path(staged.tmp_dir) / "buckets"
         partition = Partition(work, k)
         bar = Progress("partitioning", source.size, enabled=progress)
-        for batch in source.batches(bar.advance):
+        for batch in read_ahead(source.batches(plan.chunk_bytes, bar.advance)):
             partition.add(batch)
         partition.close()
         bar.close()
@@ -176,4 +195,4 @@ def _add(total: CallsSummary, part: CallsSummary) -> None:
     total.samples = sorted(total.samples + part.samples, key=lambda s: s["record"])[:SAMPLES]
 
 
-__all__ = ["import_calls", "load_kernels", "DEFAULT_BUDGET", "StateOutgrown"]
+__all__ = ["import_calls", "load_kernels", "DEFAULT_BUDGET", "Plan", "StateOutgrown"]

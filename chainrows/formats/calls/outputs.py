@@ -25,16 +25,17 @@ ENCODE_PENDING = 64 << 20  # cut row groups waiting for an encoder thread, at mo
 
 class CallsOutput:
     """The three streamed outputs of one import inside an open AtomicOutput. ``logprobs``: the
-    tokens table carries the logprobs column (:meth:`finish` drops it when no record had any).
+    tokens table carries the logprobs column (:meth:`finish` drops it when no record had any);
+    ``pending_bytes``: cut row groups that may wait for the encoder threads.
     A context manager: leaving on an exception stops the writers (the AtomicOutput discards
     their files)."""
 
-    def __init__(self, out: AtomicOutput, logprobs: bool):
+    def __init__(self, out: AtomicOutput, logprobs: bool, pending_bytes: int = ENCODE_PENDING):
         self.out = out
         self.tokens_schema = TOKENS if logprobs else TOKENS.remove(TOKENS.get_field_index("logprobs"))
-        self.ledger = PartsWriter(lambda: out.reserve_part("ledger"), LEDGER, max_pending_bytes=ENCODE_PENDING)
+        self.ledger = PartsWriter(lambda: out.reserve_part("ledger"), LEDGER, max_pending_bytes=pending_bytes // 4)
         self.tokens = PartsWriter(lambda: out.reserve_part("tokens"), self.tokens_schema, unit_column="tokens",
-                                  max_pending_bytes=ENCODE_PENDING)
+                                  max_pending_bytes=pending_bytes)
         self.report = RowGroupWriter(out.reserve_file("import_report"), REPORT)
 
     def write(self, ledger: pa.Table, tokens: pa.Table, report: pa.Table) -> None:

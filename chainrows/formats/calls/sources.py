@@ -9,6 +9,7 @@ for other names, its first bytes) is refused.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -18,9 +19,10 @@ import pyarrow.parquet as pq
 
 from chainrows.formats.calls.arrow_input import TABLE, check_columns, records_from_table
 from chainrows.formats.calls.jsonl import read_jsonl
+from chainrows.engine.threads import inherit_threads, wait_out
 from chainrows.io.errors import InputError
 
-PARQUET_BATCH_BYTES = 32 << 20  # decoded bytes per records batch, about
+READ_BUFFER = 4 << 20  # bytes of a column chunk read at a time
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -41,15 +43,16 @@ class CallsSource:
             return True
         return any(pq.read_schema(f).get_field_index("completion_logprobs") >= 0 for f in self.files)
 
-    def batches(self, advance: Callable[[int], None] | None = None) -> Iterator[pa.RecordBatch]:
-        """Records batches in input order, records numbered from 0; ``advance(n)`` is told each
-        ``n`` bytes of input consumed."""
+    def batches(self, chunk_bytes: int, advance: Callable[[int], None] | None = None) -> Iterator[pa.RecordBatch]:
+        """Records batches of about ``chunk_bytes`` (of JSON, or of decoded Parquet values) in
+        input order, records numbered from 0; ``advance(n)`` is told each ``n`` bytes of input
+        consumed."""
         if self.kind == "jsonl":
-            yield from read_jsonl(self.files[0], advance=advance)
+            yield from read_jsonl(self.files[0], batch_bytes=chunk_bytes, advance=advance)
             return
         first = 0
         for file in self.files:
-            for batch, consumed in parquet_batches(file, first):
+            for batch, consumed in parquet_batches(file, first, chunk_bytes):
                 first += batch.num_rows
                 yield batch
                 if advance:
@@ -87,16 +90,17 @@ def _kind(path: Path) -> str:
                      file=path)
 
 
-def parquet_batches(file: Path, first_record: int) -> Iterator[tuple[pa.RecordBatch, int]]:
+def parquet_batches(file: Path, first_record: int, chunk_bytes: int) -> Iterator[tuple[pa.RecordBatch, int]]:
     """(records batch, file bytes it stands for) of one Parquet call log file, in row order,
-    about PARQUET_BATCH_BYTES decoded at a time."""
+    about ``chunk_bytes`` decoded at a time; column chunks are read in buffers of
+    READ_BUFFER bytes, not whole (a row group of a call log can be hundreds of MB)."""
     try:
-        pf = pq.ParquetFile(file)
+        pf = pq.ParquetFile(file, buffer_size=READ_BUFFER, pre_buffer=False)
         columns = check_columns(pf.schema_arrow, file)
         meta = pf.metadata
         row_bytes = max(1, sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
                         // max(meta.num_rows, 1))
-        rows = max(1, PARQUET_BATCH_BYTES // row_bytes)
+        rows = max(1, chunk_bytes // row_bytes)
         row0, size, told = 0, os.path.getsize(file), 0
         for batch in pf.iter_batches(batch_size=rows, columns=columns, use_threads=True):
             table = pa.Table.from_batches([batch])
@@ -110,3 +114,28 @@ def parquet_batches(file: Path, first_record: int) -> Iterator[tuple[pa.RecordBa
             raise
         raise InputError(f"cannot read Parquet file: {' '.join(str(exc).split())}", table=TABLE,
                          file=file) from exc
+
+
+_END = object()
+
+
+def read_ahead(items: Iterator) -> Iterator:
+    """The items of ``items``, each read on a helper thread while the caller works on the one
+    before (Parquet decoding and the JSON kernel release the GIL): one item ahead, no more. An
+    error of the reader is raised where the item would have been; leaving early waits for the
+    item being read."""
+    with ThreadPoolExecutor(1, thread_name_prefix="chainrows-read", **inherit_threads()) as pool:
+        ahead = pool.submit(next, items, _END)
+        while True:
+            error = wait_out(ahead)
+            if error is not None:
+                raise error
+            item = ahead.result()
+            if item is _END:
+                return
+            ahead = pool.submit(next, items, _END)
+            try:
+                yield item
+            except BaseException:
+                wait_out(ahead)
+                raise
