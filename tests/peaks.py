@@ -28,15 +28,18 @@ def peak_run(*args) -> tuple[int, int, subprocess.CompletedProcess]:
 
 
 def at_smallest_budget(command: str, source, work: Path) -> tuple[int, int, subprocess.CompletedProcess]:
-    """``chainrows COMMAND SOURCE OUT --memory-budget B`` at the smallest budget B (MiB) the
+    """``chainrows COMMAND SOURCE OUT --memory-budget B`` (SOURCE: a path, or a list of the
+    command's inputs) at the smallest budget B (MiB) the
     command names when refused (``work/no``), plus the few MiB another process's baseline may
     differ by: B, the accepted run's peak bytes and its process (outputs under ``work``)."""
-    rc, _, refused = peak_run(command, source, work / "no", "--memory-budget", "1MiB")
+    rc, _, refused = peak_run(command, *(source if isinstance(source, (list, tuple)) else [source]), work / "no",
+                              "--memory-budget", "1MiB")
     assert rc == 2, refused.stdout + refused.stderr
     smallest = int(refused.stderr.strip().rsplit(" is ", 1)[1].split()[0].replace(",", ""))
     for extra in (4, 12, 24):  # a budget this process refuses is tried a little higher
         budget = smallest + extra
-        rc, peak, res = peak_run(command, source, work / f"out{extra}", "--memory-budget", f"{budget}MiB")
+        rc, peak, res = peak_run(command, *(source if isinstance(source, (list, tuple)) else [source]),
+                                 work / f"out{extra}", "--memory-budget", f"{budget}MiB")
         if rc == 0:
             break
     assert rc == 0, res.stdout + res.stderr

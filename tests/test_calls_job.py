@@ -88,7 +88,7 @@ def test_bucketed_gives_the_same_bytes(logs, imported, tmp_path, buckets, capsys
 
 def test_state_outgrowing_its_allowance_goes_bucketed_with_the_same_bytes(logs, imported, tmp_path,
                                                                            monkeypatch, capsys):
-    monkeypatch.setattr(job.Plan, "of", classmethod(lambda cls, room: cls(1 << 20, 1 << 20, 200_000)))
+    monkeypatch.setattr(job.Plan, "of", classmethod(lambda cls, *_: cls(1 << 20, 1 << 20, 200_000)))
     out = tmp_path / "imp"
     rc = cli_main(["import-calls", str(logs["parquet"]), str(logs["results"]), str(out)])
     summary = capsys.readouterr().out
@@ -196,7 +196,7 @@ def test_an_interrupt_leaves_nothing_and_exits_130(logs, tmp_path, monkeypatch, 
         return real(self, batch)
 
     monkeypatch.setattr(importer.Importer, "add", add)
-    monkeypatch.setattr(job.Plan, "of", classmethod(lambda cls, room: cls(1 << 16, 1 << 20, 1 << 40)))
+    monkeypatch.setattr(job.Plan, "of", classmethod(lambda cls, *_: cls(1 << 16, 1 << 20, 1 << 40)))
     out = tmp_path / "out"
     rc = cli_main(["import-calls", str(logs["jsonl"]), str(logs["results"]), str(out)])
     assert rc == 130 and len(seen) == 3
@@ -241,3 +241,47 @@ def test_the_summary_names_drift_places_with_their_tokens(tmp_path, capsys):
     assert rc == 0
     assert "rollouts with drift      1" in text
     assert "rollout r call c2 drifted from c1 at token 3: prompt has 9, c1 had 4" in text
+
+
+# ----------------------------------------------------------------------------- memory budget
+
+@pytest.fixture(scope="module")
+def big_log(tmp_path_factory) -> dict:
+    """A JSON Lines call log of over 2 GiB (prompts of 4k-32k tokens, 20-200 calls a rollout,
+    rollouts interleaved) and the same log as Parquet."""
+    from asv_benchmarks.call_logs import write_call_log
+
+    root = tmp_path_factory.mktemp("big")
+    jsonl, results = write_call_log(root / "j", 1400 << 20, seed=5, fmt="jsonl")
+    parquet, _ = write_call_log(root / "p", 1400 << 20, seed=5, fmt="parquet")
+    return {"jsonl": jsonl, "parquet": parquet, "results": results, "root": root}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_a_log_four_times_the_budget_imports_under_it_with_the_same_bytes(big_log):
+    from peaks import peak_run
+
+    budget = 512 << 20
+    assert big_log["jsonl"].stat().st_size >= 4 * budget
+    root = big_log["root"]
+    rc, _, _ = peak_run("import-calls", big_log["jsonl"], big_log["results"], root / "unbounded")
+    assert rc == 0
+    rc, peak, res = peak_run("import-calls", big_log["jsonl"], big_log["results"], root / "bounded",
+                             "--memory-budget", "512MiB")
+    assert rc == 0, res.stderr
+    assert peak < budget, f"peak RSS {peak >> 20} MiB over the {budget >> 20} MiB budget\n{res.stdout}"
+    assert _files(root / "bounded") == _files(root / "unbounded")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_the_smallest_budget_holds_on_a_parquet_log_that_must_go_bucketed(big_log):
+    from peaks import at_smallest_budget
+
+    root = big_log["root"]
+    budget, peak, res = at_smallest_budget("import-calls", [big_log["parquet"], big_log["results"]], root / "small")
+    assert "buckets of rollouts" in res.stdout, res.stdout
+    assert peak < budget << 20, f"peak RSS {peak >> 20} MiB over the {budget} MiB budget\n{res.stdout}"
+    out = next(p for p in (root / "small").iterdir() if p.name.startswith("out"))
+    assert _files(out) == _files(root / "unbounded")

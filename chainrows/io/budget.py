@@ -47,15 +47,15 @@ def footprint_after(load_kernels: Callable[[], object]) -> Footprint:
     return Footprint(rss if rss is not None else BASE_RSS, seconds)
 
 
-def check_budget(budget: int, footprint: Footprint) -> None:
-    """A budget below what the process itself needs cannot hold: unusable input (exit 2),
-    naming the smallest budget that works."""
-    if budget < footprint.smallest_budget:
+def check_budget(budget: int, footprint: Footprint, min_room: int = MIN_ROOM) -> None:
+    """A budget below what the process itself needs, plus ``min_room`` to work in (a command's
+    own least), cannot hold: unusable input (exit 2), naming the smallest budget that works."""
+    if budget < footprint.baseline + min_room:
         raise InputError(
             f"--memory-budget {_mib(budget)} is below what this process needs: "
             f"{_mib(footprint.baseline)} measured for the interpreter, libraries and kernels, plus "
-            f"{_mib(MIN_ROOM)} to work in; the smallest budget that works here is "
-            f"{_mib(footprint.smallest_budget)}")
+            f"{_mib(min_room)} to work in; the smallest budget that works here is "
+            f"{_mib(footprint.baseline + min_room)}")
 
 
 def _mib(n: int) -> str:

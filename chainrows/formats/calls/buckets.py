@@ -24,7 +24,7 @@ from chainrows.io.errors import writing
 from chainrows.io.partition import SPILL_IPC, string_hashes
 from chainrows.io.take import take_rows
 
-MERGE_RECORDS = 16384  # records per merge window
+MERGE_RECORDS = 16384  # records per merge window, at most
 
 
 class Partition:
@@ -37,6 +37,7 @@ class Partition:
         self._writers: list = [None] * k
         self.bucket_of = np.zeros(1 << 16, np.uint16)
         self.failed = np.zeros(1 << 16, bool)
+        self.delta_len = np.zeros(0, np.int64)  # per record, once its bucket is imported
         self.records = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -69,13 +70,14 @@ class Partition:
                 with writing(self.paths[b]):
                     w.close()
         self._writers = [None] * self.k
+        self.delta_len = np.zeros(self.records, np.int64)
 
     def batches(self, b: int) -> Iterator[pa.RecordBatch]:
         """Bucket ``b``'s records batches, in input order."""
         if not self.paths[b].exists():
             return
-        with pa.ipc.open_stream(self.paths[b]) as reader:
-            yield from reader
+        with pa.OSFile(str(self.paths[b])) as f, pa.ipc.open_stream(f) as reader:  # read, not mapped:
+            yield from reader  # a mapped file's pages would count in the process's resident set
 
 
 class RunWriter:
@@ -106,7 +108,8 @@ class _RunReader:
     """Rows of one run file, handed out in order, ``n`` at a time."""
 
     def __init__(self, path: Path):
-        self._reader = pa.ipc.open_stream(path)
+        self._file = pa.OSFile(str(path))
+        self._reader = pa.ipc.open_stream(self._file)
         self._pending: list[pa.Table] = []
         self._have = 0
 
@@ -122,25 +125,33 @@ class _RunReader:
 
     def close(self) -> None:
         self._reader.close()
+        self._file.close()
 
 
 class Merge:
     """The runs of every bucket read back in input order (see the module docstring)."""
 
-    def __init__(self, partition: Partition, run_paths: list):
+    def __init__(self, partition: Partition, run_paths: list, window_tokens: int):
         self.p = partition
         self.readers = [[_RunReader(path) for path in paths] for paths in run_paths]
+        self.window_tokens = max(window_tokens, 1)
 
     def windows(self) -> Iterator[tuple[pa.Table, pa.Table, pa.Table]]:
-        """(ledger, tokens, import_report) of every window of MERGE_RECORDS records, in order."""
-        for a in range(0, self.p.records, MERGE_RECORDS):
-            b = min(a + MERGE_RECORDS, self.p.records)
+        """(ledger, tokens, import_report) of consecutive windows of records, in order: at most
+        MERGE_RECORDS records, cut after the record that brings its deltas to window_tokens."""
+        cum = np.cumsum(self.p.delta_len[:self.p.records])
+        a = 0
+        while a < self.p.records:
+            done = cum[a - 1] if a else 0
+            b = int(np.searchsorted(cum, done + self.window_tokens, side="left")) + 1
+            b = min(max(b, a + 1), a + MERGE_RECORDS, self.p.records)
             buckets = self.p.bucket_of[a:b].astype(np.int64)
             kept = ~self.p.failed[a:b]
             ledger = self._gather(0, buckets)
             report = self._gather(2, buckets)
             tokens = self._gather(1, buckets[kept])
             yield ledger, tokens, report
+            a = b
 
     def _gather(self, which: int, buckets: np.ndarray) -> pa.Table:
         order, off = group_order(buckets, self.p.k)

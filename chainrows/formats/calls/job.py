@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,34 +31,40 @@ from chainrows.formats.calls.sources import CallsSource, open_source, read_ahead
 from chainrows.formats.calls.summary import SAMPLES, CallsSummary
 from chainrows.formats.calls.tables import LEDGER, REPORT, TOKENS
 from chainrows.io.budget import check_budget, footprint_after
-from chainrows.io.memory import process_peak_rss
+from chainrows.io.memory import one_arrow_thread, process_peak_rss, release_memory
 from chainrows.io.write import AtomicOutput
 from chainrows.progress import Progress
 
 DEFAULT_BUDGET = 4 << 30
+MIN_ROOM = 256 << 20  # the least room above the baseline an import works in
 SHARE = 0.75          # of the room above the baseline, what the import plans to use
 CHUNK_SHARE = 32      # a chunk of the log: 1 / CHUNK_SHARE of the room, within the limits below
 CHUNK_LIMITS = (2 << 20, 32 << 20)
 WORK_CHUNKS = 12      # a chunk's peak while it is read and decided (two in flight), in chunks
 ENCODE_SHARE = 16     # cut row groups waiting for the encoders: 1 / ENCODE_SHARE of the room
+READ_FIXED = {"parquet": 112 << 20, "jsonl": 24 << 20}  # a reader's own buffers, measured
+TIGHT_ROOM = 1 << 30  # below: Arrow on one thread, freed memory handed back after each chunk
 MAX_BUCKETS = 4096
 
 
 @dataclass(frozen=True)
 class Plan:
     """How the import uses the room above the process's baseline: the log's chunk size (bytes of
-    JSON, or of decoded Parquet values), the encoders' queue, and what the state may reach before
-    the import goes bucketed (docs/limits.md "Importing call logs")."""
+    JSON, or of decoded Parquet values), the encoders' queue, what the state may reach before
+    the import goes bucketed, and whether the room is tight (docs/limits.md "Importing call
+    logs")."""
 
     chunk_bytes: int
     encode_bytes: int
     state_bytes: int
+    tight: bool = False
 
     @classmethod
-    def of(cls, room: int) -> "Plan":
+    def of(cls, room: int, kind: str = "parquet") -> "Plan":
         chunk = int(min(max(room // CHUNK_SHARE, CHUNK_LIMITS[0]), CHUNK_LIMITS[1]))
         encode = int(min(room // ENCODE_SHARE, 64 << 20))
-        return cls(chunk, encode, int(max(SHARE * room - WORK_CHUNKS * chunk - encode, 16 << 20)))
+        state = SHARE * room - READ_FIXED[kind] - WORK_CHUNKS * chunk - encode
+        return cls(chunk, encode, int(max(state, 16 << 20)), room < TIGHT_ROOM)
 
 
 class StateOutgrown(Exception):
@@ -93,23 +100,25 @@ def import_calls(calls: str | os.PathLike, results: str | os.PathLike, out: str 
     t0 = time.perf_counter()
     source = open_source(calls)
     footprint = footprint_after(load_kernels)
-    check_budget(memory_budget, footprint)
-    plan = Plan.of(footprint.room(memory_budget))
+    check_budget(memory_budget, footprint, MIN_ROOM)
+    plan = Plan.of(footprint.room(memory_budget), source.kind)
     from chainrows.io.jsonl import read_results_jsonl
 
     rollouts = read_results_jsonl(results)
     summary = None
-    if buckets is None:
-        try:
-            summary = _stream(source, out, on_drift, plan, rollouts, progress)
-        except StateOutgrown as grown:
-            buckets = min(MAX_BUCKETS, max(2, math.ceil(1.25 * grown.projected / plan.state_bytes)))
-            why = f"the rollouts' state would reach {grown.projected / (1 << 20):,.0f} MiB"
-    else:
-        why = "forced"
-    if summary is None:
-        summary = _bucketed(source, out, on_drift, buckets, rollouts, plan, progress)
-        summary.path = f"{buckets} buckets of rollouts ({why})"
+    with one_arrow_thread() if plan.tight else nullcontext():
+        if buckets is None:
+            try:
+                summary = _stream(source, out, on_drift, plan, rollouts, progress)
+            except StateOutgrown as grown:
+                buckets = min(MAX_BUCKETS, max(2, math.ceil(1.25 * grown.projected / plan.state_bytes)))
+                why = f"the rollouts' state would reach {grown.projected / (1 << 20):,.0f} MiB"
+        else:
+            why = "forced"
+        if summary is None:
+            release_memory()
+            summary = _bucketed(source, out, on_drift, buckets, rollouts, plan, progress)
+            summary.path = f"{buckets} buckets of rollouts ({why})"
     summary.seconds = time.perf_counter() - t0
     summary.peak_rss = process_peak_rss()
     return summary
@@ -130,6 +139,9 @@ def _stream(source: CallsSource, out, on_drift: str, plan: Plan, rollouts: pa.Ta
                 CallsOutput(staged, source.maybe_logprobs, plan.encode_bytes) as writer:
             for batch in read_ahead(source.batches(plan.chunk_bytes, advance)):
                 writer.write(*importer.add(batch))
+                del batch
+                if plan.tight:
+                    release_memory()
                 state = importer.state.nbytes
                 if state > plan.state_bytes:
                     done = max(consumed[0], 1)
@@ -154,8 +166,8 @@ def _bucketed(source: CallsSource, out, on_drift: str, k: int, rollouts: pa.Tabl
             partition.add(batch)
         partition.close()
         bar.close()
-        runs = _import_buckets(partition, work, on_drift, summary, progress)
-        merge = Merge(partition, runs)
+        runs = _import_buckets(partition, work, on_drift, summary, plan, progress)
+        merge = Merge(partition, runs, plan.chunk_bytes // 8)
         for tables in merge.windows():
             writer.write(*tables)
         merge.close()
@@ -164,16 +176,21 @@ def _bucketed(source: CallsSource, out, on_drift: str, k: int, rollouts: pa.Tabl
     return summary
 
 
-def _import_buckets(partition: Partition, work: Path, on_drift: str, summary: CallsSummary,
+def _import_buckets(partition: Partition, work: Path, on_drift: str, summary: CallsSummary, plan: Plan,
                     progress: bool | None) -> list:
-    """Import every bucket alone into its run files; the summaries added into ``summary``."""
+    """Import every bucket alone into its run files; the summaries added into ``summary``, each
+    record's delta length into ``partition`` (the merge's windows are cut by them)."""
     runs = []
     bar = Progress("buckets", partition.k, enabled=progress, unit="buckets")
     for b in range(partition.k):
         importer = Importer(on_drift)
         run = RunWriter(work, b, (LEDGER, TOKENS, REPORT))
         for batch in partition.batches(b):
-            run.write(*importer.add(batch))
+            ledger, tokens, report = importer.add(batch)
+            partition.delta_len[batch.column("record").to_numpy()] = ledger.column("delta_len").to_numpy()
+            run.write(ledger, tokens, report)
+            if plan.tight:
+                release_memory()
         run.close()
         _add(summary, importer.summary)
         runs.append(run.paths)

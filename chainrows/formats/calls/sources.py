@@ -90,6 +90,22 @@ def _kind(path: Path) -> str:
                      file=path)
 
 
+_WIDTH = {"INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "BOOLEAN": 1}
+
+
+def decoded_bytes(meta) -> int:
+    """About the bytes a Parquet file's columns decode to: numbers by their count and width (a
+    dictionary-encoded token column stores less than it decodes to), strings as stored."""
+    total = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            col = group.column(c)
+            width = _WIDTH.get(col.physical_type)
+            total += col.num_values * width if width else col.total_uncompressed_size
+    return total
+
+
 def parquet_batches(file: Path, first_record: int, chunk_bytes: int) -> Iterator[tuple[pa.RecordBatch, int]]:
     """(records batch, file bytes it stands for) of one Parquet call log file, in row order,
     about ``chunk_bytes`` decoded at a time; column chunks are read in buffers of
@@ -98,11 +114,9 @@ def parquet_batches(file: Path, first_record: int, chunk_bytes: int) -> Iterator
         pf = pq.ParquetFile(file, buffer_size=READ_BUFFER, pre_buffer=False)
         columns = check_columns(pf.schema_arrow, file)
         meta = pf.metadata
-        row_bytes = max(1, sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-                        // max(meta.num_rows, 1))
-        rows = max(1, chunk_bytes // row_bytes)
+        rows = max(1, chunk_bytes * max(meta.num_rows, 1) // max(decoded_bytes(meta), 1))
         row0, size, told = 0, os.path.getsize(file), 0
-        for batch in pf.iter_batches(batch_size=rows, columns=columns, use_threads=True):
+        for batch in pf.iter_batches(batch_size=rows, columns=columns, use_threads=pa.cpu_count() > 1):
             table = pa.Table.from_batches([batch])
             records = records_from_table(table, file=file, row0=row0, first_record=first_record + row0)
             row0 += batch.num_rows
