@@ -319,7 +319,7 @@ def main(argv=None) -> int:
                     help="forbid transparent huge pages in this process and every process it starts "
                          "(the floor's, the API's); the chainrows command forbids them in its own anyway")
     a = ap.parse_args(argv)
-    from chainrows.io.memory import set_huge_pages
+    from chainrows.memory.process import set_huge_pages
 
     if a.no_huge_pages and not set_huge_pages(False):
         ap.error("--no-huge-pages: this system cannot forbid transparent huge pages")

@@ -63,7 +63,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from asv_benchmarks import common
-from chainrows.io.memory import process_peak_rss, process_rss
+from chainrows.memory.process import process_peak_rss, process_rss
 
 
 # ---- small helpers -------------------------------------------------------------------------
@@ -434,7 +434,7 @@ def parquet_to_parquet(rep: Report, n: int, repeats: int, tmp: Path) -> None:
     bulk_note = None
     try:
         from chainrows import bulk
-        from chainrows.io.write import WRITE_OPTIONS
+        from chainrows.outdir.parquet import WRITE_OPTIONS
 
         k = [0]
 

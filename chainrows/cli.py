@@ -6,7 +6,7 @@ a failed write names the file), 130 interrupted, 143 terminated
 (SIGTERM, handled as an interrupt), 141 stdout closed by its reader (``| head``), as a tool killed
 by SIGPIPE; a summary that cannot be written to stdout otherwise (a full disk) is 1, one line
 saying the output is committed (chainrows.stdout). Every command that
-writes follows one overwrite policy (chainrows.io.write.check_destination): an OUT holding a
+writes follows one overwrite policy (chainrows.outdir.atomic.check_destination): an OUT holding a
 complete result is refused unless ``--overwrite``; what an interrupted run left is resumed or
 replaced; OUT and the input never nest.
 """
@@ -317,7 +317,7 @@ def _resuming(a) -> bool:
 
 def cmd_reassemble(a) -> int:
     from chainrows import bulk
-    from chainrows.io.write import OUTPUT_NAMES, check_destination
+    from chainrows.outdir.atomic import OUTPUT_NAMES, check_destination
 
     opts = _options(a)
     if a.ray is not None:  # the same run on a Ray cluster
@@ -354,7 +354,7 @@ def _synth_masks(kinds: dict) -> str:
 
 def cmd_synth(a) -> int:
     from chainrows.io.dataset import TABLES
-    from chainrows.io.write import check_destination
+    from chainrows.outdir.atomic import check_destination
     from chainrows.progress import human_bytes
     from chainrows.synth import write_synth_dataset
 
@@ -382,7 +382,8 @@ def cmd_synth(a) -> int:
 def cmd_import_jsonl(a) -> int:
     from chainrows.io.dataset import TABLES
     from chainrows.io.jsonl import import_jsonl
-    from chainrows.io.write import check_destination, write_dataset_atomic
+    from chainrows.outdir.atomic import check_destination
+    from chainrows.formats.native.write import write_dataset_atomic
 
     check_destination(a.out, TABLES, inputs=[a.ledger, a.tokens, a.results], overwrite=a.overwrite)
     t0 = time.perf_counter()
@@ -493,7 +494,7 @@ _HUGE_PAGES = ("off", "system")  # off: forbidden in the command's process; syst
 
 
 def _set_huge_pages() -> str | None:
-    """In the command's own process: forbid transparent huge pages (``io.memory.set_huge_pages``),
+    """In the command's own process: forbid transparent huge pages (``memory.process.set_huge_pages``),
     unless ``CHAINROWS_HUGE_PAGES=system`` keeps the system's setting (case and surrounding
     blanks ignored; empty is unset). Returns the error for any other value, else None. Huge
     pages faulting in dominated runs on virtual machines whose host reclaims free memory
@@ -503,7 +504,7 @@ def _set_huge_pages() -> str | None:
     if value not in _HUGE_PAGES:
         return f"{HUGE_PAGES_ENV}={given!r}: expected one of {', '.join(_HUGE_PAGES)}"
     if value == "off":
-        from chainrows.io.memory import set_huge_pages
+        from chainrows.memory.process import set_huge_pages
 
         set_huge_pages(False)
     return None
@@ -543,8 +544,8 @@ def _main(argv, own_process: bool = False) -> int:
             print(f"chainrows: error: {bad}", file=sys.stderr)
             return 2
     finder = _keep_pandas_out(args) if own_process else None
-    from chainrows.io.errors import InputError, WriteError, write_error
-    from chainrows.io.write import OutputExistsError
+    from chainrows.errors import InputError, WriteError, write_error
+    from chainrows.outdir.atomic import OutputExistsError
 
     out = getattr(args, "out", None)
     fresh = out is not None and not os.path.lexists(out)  # an OUT this run makes

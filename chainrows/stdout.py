@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from chainrows.io.errors import os_message
+from chainrows.errors import os_message
 
 
 class StdoutError(OSError):

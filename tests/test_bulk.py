@@ -23,8 +23,8 @@ from chainrows.api import run_tables
 from chainrows.bulk import plan as planner
 from chainrows.bulk import windows
 from chainrows.bulk.windows import plan_windows, scan
-from chainrows.io.errors import InputError
-from chainrows.io.memory import process_rss
+from chainrows.errors import InputError
+from chainrows.memory.process import process_rss
 from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 
@@ -270,7 +270,7 @@ def test_resume_redoes_a_finished_batch_whose_run_is_damaged(dataset, tmp_path, 
 def test_file_digest_is_the_xxh3_of_the_whole_file_read_in_pieces(tmp_path, monkeypatch, size):
     import xxhash
 
-    from chainrows.io import digest
+    from chainrows.outdir import digest
 
     monkeypatch.setattr(digest, "PIECE_BYTES", 4096)
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
@@ -349,7 +349,7 @@ def test_partitioning_writes_in_order_and_a_failed_write_is_never_lost():
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from chainrows.io.errors import InputError, WriteError
+    from chainrows.errors import InputError, WriteError
     from chainrows.io.partition import _Flushes
 
     written, failing, go = [], set(), threading.Event()
@@ -487,7 +487,7 @@ def test_a_refused_run_leaves_the_running_runs_work_alone(dataset, tmp_path, mon
     """The lock is taken after the planner's measurements: the first run may make its work dir
     while a second one starts, and the second, refused, must not delete it."""
     from chainrows.cli import main
-    from chainrows.io.write import AtomicOutput
+    from chainrows.outdir.atomic import AtomicOutput
 
     out = tmp_path / "out"
     work = out / bulk.WORK_DIR
@@ -801,7 +801,7 @@ def test_the_smallest_budget_the_process_accepts_holds(tmp_path):
 READ_PEAK_SCRIPT = r"""
 import sys
 from chainrows.io.dataset import read_dataset
-from chainrows.io.memory import process_rss
+from chainrows.memory.process import process_rss
 base = process_rss()
 open("/proc/self/clear_refs", "w").write("5")  # VmHWM from here
 ds = read_dataset(sys.argv[1])

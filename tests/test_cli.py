@@ -224,7 +224,7 @@ def test_failed_run_keeps_previous_outputs(cli, good, tmp_path):
 
 
 def test_a_second_run_on_the_same_out_is_refused_while_the_first_writes(cli, good, tmp_path):
-    from chainrows.io.write import OUT_LOCK_NAME, AtomicOutput
+    from chainrows.outdir.atomic import OUT_LOCK_NAME, AtomicOutput
 
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
@@ -388,7 +388,7 @@ def test_what_an_interrupted_run_left_is_never_a_reason_to_refuse(cli, good, tmp
     """An empty OUT, a staging dir of a dead run, finished work for --resume, a rows table
     committed without its report: all replaced by a plain run, no --overwrite needed."""
     from chainrows.bulk.job import WORK_DIR
-    from chainrows.io.write import TMP_PREFIX
+    from chainrows.outdir.atomic import TMP_PREFIX
 
     argv, names = _writers(good, tmp_path)[command]
     out = tmp_path / "out"
@@ -856,7 +856,7 @@ def test_pandas_is_kept_out_only_while_the_commands_own_process_runs_without_ray
 # ----------------------------------------------------------------------------- huge pages
 
 def _prctl_switch_works() -> bool:
-    from chainrows.io.memory import huge_pages_enabled, set_huge_pages
+    from chainrows.memory.process import huge_pages_enabled, set_huge_pages
 
     before = huge_pages_enabled()
     return before is not None and set_huge_pages(before)
@@ -870,7 +870,7 @@ def _huge_pages_after_command(args, env_value=None):
     """(exit code, stderr, whether huge pages were allowed when the process exited) of the
     command run as ``python -m chainrows`` in a process that allowed them at its start."""
     code = ("import atexit, runpy, sys\n"
-            "from chainrows.io.memory import huge_pages_enabled, set_huge_pages\n"
+            "from chainrows.memory.process import huge_pages_enabled, set_huge_pages\n"
             "assert set_huge_pages(True)\n"
             "atexit.register(lambda: print('huge pages:', huge_pages_enabled()))\n"
             f"sys.argv = ['chainrows', *{list(map(str, args))!r}]\n"
@@ -900,7 +900,7 @@ def test_the_command_forbids_huge_pages_in_its_process_unless_told_to_keep_the_s
 
 @needs_thp_switch
 def test_main_in_a_callers_process_leaves_its_huge_pages_alone(good, tmp_path, monkeypatch):
-    from chainrows.io.memory import huge_pages_enabled, set_huge_pages
+    from chainrows.memory.process import huge_pages_enabled, set_huge_pages
 
     monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
     before = huge_pages_enabled()

@@ -182,11 +182,11 @@ def test_every_rollout_dropped(placeholders):
 
 
 def test_write_parquet_bytes_do_not_depend_on_chunks(tmp_path):
-    """io.write.write_parquet (AtomicOutput.write_table) on an API rows table with gaps: the
+    """outdir.parquet.write_parquet (AtomicOutput.write_table) on an API rows table with gaps: the
     bytes of the same rows in one chunk. pyarrow alone cuts data pages at chunk boundaries once
     a column chunk holds more than write_batch_size values, hence the larger synthetic batch."""
     import chainrows
-    from chainrows.io import write
+    from chainrows.outdir import atomic as write
     from chainrows.synth.batches import synth_tables
 
     rows = chainrows.reassemble(*synth_tables(600, seed=1, corrupt_rate=0.2)).rows

@@ -16,7 +16,7 @@ from chainrows import bulk
 from chainrows.bulk import plan as planner
 from chainrows.io import dataset as dsmod
 from chainrows.io import footers
-from chainrows.io.budget import MIN_ROOM
+from chainrows.memory.budget import MIN_ROOM
 from chainrows.io.dataset import TABLES, footer_totals, plan_table
 from chainrows.options import Options
 from chainrows.synth import write_synth_dataset

@@ -240,7 +240,7 @@ def test_build_helper_thread_returns_and_raises_like_inline():
     import numba
 
     from chainrows.io import columnar
-    from chainrows.io.errors import InputError
+    from chainrows.errors import InputError
 
     def boom(x):
         raise InputError(f"tokens: bad {x}")

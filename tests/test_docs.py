@@ -16,7 +16,7 @@ import pytest
 import chainrows
 from chainrows import reasons
 from chainrows.io.dataset import read_dataset
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.fingerprint import canonical_json
 from chainrows.reference import chain_hash as reference_chain_hash
 

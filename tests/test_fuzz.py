@@ -59,7 +59,7 @@ from hypothesis import strategies as st
 from chainrows import reassemble, reference
 from chainrows.check import reconcile
 from chainrows.io.dataset import read_dataset
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.schema import (
     ACCEPTED_FIELD,
     LEDGER_SCHEMA,

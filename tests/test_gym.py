@@ -21,7 +21,7 @@ import xxhash
 import chainrows
 from chainrows.cli import main
 from chainrows.io.dataset import read_dataset
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.gym import export_gym, import_gym
 from chainrows.io.gym import verify as V
 from chainrows.io.gym import wire as W
@@ -556,7 +556,7 @@ def test_a_deep_line_does_not_hide_an_earlier_lines_error(tmp_path, capsys):
 
 
 def test_budget_below_the_process_is_refused_up_front(tmp_path, capsys):
-    """As reassemble does (chainrows.io.budget): a budget the process itself cannot fit is
+    """As reassemble does (chainrows.memory.budget): a budget the process itself cannot fit is
     unusable input, exit 2, one line naming the smallest budget that works, and nothing
     written; a budget just above it is then accepted."""
     dump = EXAMPLE / "dump"

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chainrows.io import dataset as dsmod
-from chainrows.io import write as wmod
+from chainrows.outdir import atomic as wmod
 from chainrows.io.dataset import (
     Dataset,
     check_schema,
@@ -28,7 +28,7 @@ from chainrows.io.dataset import (
     table_files,
     table_schema,
 )
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.io.schema import (
     ACCEPTED_FIELD,
@@ -40,13 +40,9 @@ from chainrows.io.schema import (
     rows_schema,
     tables_from_pylists,
 )
-from chainrows.io.write import (
-    WRITE_OPTIONS,
-    AtomicOutput,
-    clean_stale_temp_dirs,
-    write_dataset,
-    write_dataset_atomic,
-)
+from chainrows.outdir.parquet import WRITE_OPTIONS
+from chainrows.outdir.atomic import AtomicOutput, clean_stale_temp_dirs
+from chainrows.formats.native.write import write_dataset, write_dataset_atomic
 
 from builders import scribble_pages
 
@@ -788,7 +784,7 @@ def test_output_misuse(tmp_path):
 
 _KILLED_CHILD = """
 import os, signal, sys
-from chainrows.io.write import AtomicOutput
+from chainrows.outdir.atomic import AtomicOutput
 o = AtomicOutput(sys.argv[1]).__enter__()
 o.write_table("rows", __import__("pyarrow").table({"x": [1]}))
 print(o.tmp_dir, flush=True)

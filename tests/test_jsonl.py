@@ -13,7 +13,7 @@ import pytest
 import xxhash
 
 from chainrows.io.dataset import read_dataset
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.fingerprint import fingerprint
 from chainrows.io.jsonl import (
     import_jsonl,

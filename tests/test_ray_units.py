@@ -7,7 +7,7 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.partition import string_hashes
 from chainrows.ray.cluster import input_error_in
 from chainrows.ray.route import BUCKET_COL, add_buckets, split_tables

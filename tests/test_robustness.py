@@ -465,7 +465,7 @@ def test_staging_dir_killed_before_its_lock_is_cleaned(tmp_path):
     """A SIGKILL between mkdtemp and flock leaves a staging dir without a lock file. The next
     run removes it when its creator (the pid in the name) is gone; a young lock-less dir of a
     live process stays (it is about to take its lock)."""
-    from chainrows.io.write import TMP_PREFIX, clean_stale_temp_dirs
+    from chainrows.outdir.atomic import TMP_PREFIX, clean_stale_temp_dirs
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

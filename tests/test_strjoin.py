@@ -14,7 +14,7 @@ from chainrows.engine.strjoin import (
     _hash, _same, index_groups, index_groups_py, join_groups, new_tables, probe_groups, probe_groups_py, table_offsets,
 )
 from chainrows.engine.threads import run
-from chainrows.io.arrays import offsets_from_lengths, string_parts
+from chainrows.arrays import offsets_from_lengths, string_parts
 
 # few distinct ids (many equal ones), some sharing a prefix or differing only in length
 IDS = st.one_of(st.none(), st.sampled_from(["", "a", "b", "ab", "ba", "aa", "é", "x" * 40, "x" * 41]))

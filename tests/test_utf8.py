@@ -126,7 +126,7 @@ def test_first_invalid_finds_the_string_among_ascii_ones(large):
 def test_an_empty_chunk_arrow_refuses_is_an_input_error_not_a_crash():
     """An empty string chunk whose lone offset is negative passes Arrow's quick validation and
     fails its full one; with no row to name, the error names the column (it was an IndexError)."""
-    from chainrows.io.errors import InputError
+    from chainrows.errors import InputError
 
     good = pa.array(["r1", "r2"])
     empty = pa.Array.from_buffers(pa.string(), 0, [None, pa.py_buffer(np.array([-3], np.int32).tobytes()),

@@ -8,7 +8,7 @@
   complete too late for any window, e.g. token rows in random order).
 
 Runs are merged by rollout_id, so every path writes the same bytes. Everything is staged in
-``OUT`` and committed atomically (chainrows.io.write.AtomicOutput); ``OUT/.chainrows-work``
+``OUT`` and committed atomically (chainrows.outdir.atomic.AtomicOutput); ``OUT/.chainrows-work``
 holds the finished windows or buckets written to disk for ``--resume`` until the commit (a
 stream holds the runs of windows that fit its budget in memory instead). A run that fails or is
 interrupted before it wrote any (while partitioning, before a window's runs were written)
@@ -37,12 +37,12 @@ from chainrows.bulk.summary import Summary
 from chainrows.bulk.windows import plan_windows, scan
 from chainrows.engine.threads import inherit_threads
 from chainrows.io.dataset import TABLES, footer_totals, read_dataset, table_files, table_schema
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.footers import remembered
-from chainrows.io.memory import one_arrow_thread, process_peak_rss
+from chainrows.memory.process import one_arrow_thread, process_peak_rss
 from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.io.schema import REPORT_SCHEMA, rows_schema
-from chainrows.io.write import AtomicOutput, write_json_atomic
+from chainrows.outdir.atomic import AtomicOutput, write_json_atomic
 from chainrows.options import Options
 from chainrows.progress import Progress
 

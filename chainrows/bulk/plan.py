@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pyarrow as pa
 
-from chainrows.io.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
+from chainrows.memory.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
 from chainrows.bulk.windows import KEPT_TABLES, SCAN_BATCH_ROWS
 from chainrows.io.dataset import TABLES, Totals, footer_totals, plan_table, plan_totals
 from chainrows.io.partition import PLAIN_IPC, SPILL_IPC

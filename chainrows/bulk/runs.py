@@ -18,9 +18,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.io.digest import file_digest
-from chainrows.io.errors import writing
-from chainrows.io.memory import release_memory
+from chainrows.outdir.digest import file_digest
+from chainrows.errors import writing
+from chainrows.memory.process import release_memory
 from chainrows.io.partition import SPILL_IPC as IPC_OPTIONS
 from chainrows.io.partition import open_mapped
 from chainrows.io.take import take_rows

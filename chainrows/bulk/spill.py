@@ -14,10 +14,10 @@ from chainrows.api import Result
 from chainrows.bulk.runs import kept_record
 from chainrows.bulk.summary import Summary
 from chainrows.io.dataset import TABLES
-from chainrows.io.errors import writing
-from chainrows.io.memory import release_memory
+from chainrows.errors import writing
+from chainrows.memory.process import release_memory
 from chainrows.io.partition import SPILL_IPC, bucket_dir, partition, parts_intact, read_bucket
-from chainrows.io.write import write_json_atomic
+from chainrows.outdir.atomic import write_json_atomic
 from chainrows.progress import Progress
 
 FINISHED = "partitioned"

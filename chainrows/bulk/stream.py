@@ -12,7 +12,7 @@ import pyarrow as pa
 from chainrows.bulk.windows import WindowPlan, take
 from chainrows.engine.threads import inherit_threads
 from chainrows.io.dataset import TABLES, iter_table_batches
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 
 
 def concat(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.engine.dense import dense_codes
-from chainrows.io.arrays import coalesced
+from chainrows.arrays import coalesced
 from chainrows.io.dataset import iter_table_batches
 from chainrows.io.joins import MIN_BUFFER_BYTES
 from chainrows.io.partition import collision_error, string_hashes

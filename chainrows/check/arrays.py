@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.io.arrays import list_offsets, one_chunk, probe_sorted
+from chainrows.arrays import list_offsets, one_chunk, probe_sorted
 
 
 def dictionary(cols: Iterable) -> pa.Array:

@@ -12,7 +12,7 @@ from chainrows.check.ids import Ids
 from chainrows.check.problems import Problems
 from chainrows.check.report import Reported
 from chainrows.check.rows import RowShape
-from chainrows.io.arrays import range_index
+from chainrows.arrays import range_index
 from chainrows.reference import chain_hash
 
 

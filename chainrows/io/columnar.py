@@ -21,7 +21,7 @@ import pyarrow as pa
 from chainrows.engine.batch import Batch
 from chainrows.engine.select import build_candidates
 from chainrows.engine.threads import wait_out
-from chainrows.io.arrays import one_chunk
+from chainrows.arrays import one_chunk
 from chainrows.io.joins import (
     Records, bools, column_values, int64s, join_calls, join_items, join_responses, join_rewards,
     join_rollouts, join_tokens, token_buffers,

@@ -12,7 +12,7 @@ Null ``item_keys``/``output_keys``/``tokens`` lists come out as empty lists (SPE
 non-nullable columns, and null entries inside key, token and logprob lists, are InputErrors
 naming the first offending row (0-based, within its file). Columns are chunked arrays.
 
-Unusable input raises :class:`~chainrows.io.errors.InputError` with a one-line message.
+Unusable input raises :class:`~chainrows.errors.InputError` with a one-line message.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from chainrows.io.arrays import offsets_rise_within, offsets_view
-from chainrows.io.errors import InputError
+from chainrows.arrays import offsets_rise_within, offsets_view
+from chainrows.errors import InputError
 from chainrows.io.footers import FileFacts, file_facts, one_line as _one_line, reading as _reading
 from chainrows.io.small_files import file_groups, read_group
 from chainrows.io.schema import (

@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, Mapping, NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,15 @@ from chainrows.engine.strjoin import index_groups, join_groups, new_tables, prob
 from chainrows.engine.threads import run
 from chainrows.engine.slots import any_served, fill_slots, slot_counts
 from chainrows.engine.tokrows import token_rows
-from chainrows.io.arrays import (
-    list_offsets, offsets_from_lengths, offsets_rise_within, one_chunk, range_index, string_parts,
+from chainrows.arrays import (
+    list_offsets,
+    offsets_from_lengths,
+    offsets_rise_within,
+    one_chunk,
+    range_index,
+    string_parts,
 )
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.take import take_rows
 
 

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.fingerprint import model_item_keys
 from chainrows.io.schema import (
     ACCEPTED_FIELD,
@@ -47,7 +47,7 @@ def import_jsonl(ledger_path: str | os.PathLike, tokens_path: str | os.PathLike,
 def import_jsonl_to_dataset(ledger_path, tokens_path, results_path,
                             dataset_dir: str | os.PathLike) -> Path:
     """:func:`import_jsonl`, then write the three tables as a SPEC §2 dataset directory."""
-    from chainrows.io.write import write_dataset
+    from chainrows.formats.native.write import write_dataset
 
     return write_dataset(dataset_dir, *import_jsonl(ledger_path, tokens_path, results_path))
 

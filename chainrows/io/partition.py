@@ -23,11 +23,11 @@ from chainrows.engine.batch import readonly
 from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, hash_strings
 from chainrows.engine.threads import wait_out
 from chainrows.engine.dense import dense_codes
-from chainrows.io.arrays import FirstValue, coalesced, one_chunk, string_parts
-from chainrows.io.digest import file_digest
+from chainrows.arrays import FirstValue, coalesced, one_chunk, string_parts
+from chainrows.outdir.digest import file_digest
 from chainrows.io.dataset import TABLES, footer_totals, iter_table_batches, table_schema
-from chainrows.io.errors import InputError, writing
-from chainrows.io.memory import release_memory
+from chainrows.errors import InputError, writing
+from chainrows.memory.process import release_memory
 from chainrows.io.take import take_rows
 
 SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)  # when disk is short

@@ -22,9 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from chainrows.io.errors import writing
+from chainrows.errors import writing
 from chainrows.io.take import take_rows
-from chainrows.io.write import WRITE_OPTIONS, fsync_file
+from chainrows.outdir.parquet import WRITE_OPTIONS
+from chainrows.outdir.atomic import fsync_file
 
 ROWS_GROUP_TOKENS = 1 << 20
 GROUP_ROWS = 65536

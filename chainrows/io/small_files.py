@@ -58,7 +58,7 @@ def read_group(files: list[Path], schema: pa.Schema, columns: list[str], buffer_
     groups them) as one table, rows in file order, decoded with the settings of the one-file
     reader (no whole-file pre-buffering, a ``buffer_size`` buffered stream) and Arrow's threads
     only when its CPU pool has more than one (a tight budget runs Arrow on one,
-    ``io.memory.one_arrow_thread``). Raises what the scanner raises; the caller reads the files
+    ``memory.process.one_arrow_thread``). Raises what the scanner raises; the caller reads the files
     one by one then, for an error that names the file."""
     import pyarrow.dataset as pads
 

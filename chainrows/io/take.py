@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from chainrows.engine.ragged import take_ragged_chunks
-from chainrows.io.arrays import list_offsets, string_parts
+from chainrows.arrays import list_offsets, string_parts
 
 STRING_BLOCK_MIN_ROWS = 64  # rows taken per chunk from which list<string> block copies pay
 

@@ -23,7 +23,7 @@ def reassemble(dataset, out, options=None, *, address: str | None = None, bucket
     or ``"ray://host:port"`` joins a cluster. ``dataset`` and ``out`` are local paths (every node
     must see them at the same path) or URIs a pyarrow filesystem reads (``s3://...``).
     Returns the run's :class:`chainrows.bulk.summary.Summary`. Raises
-    :class:`chainrows.io.errors.InputError` on unusable input; a failed run commits nothing.
+    :class:`chainrows.errors.InputError` on unusable input; a failed run commits nothing.
     """
     from chainrows.options import Options
     from chainrows.ray.job import run

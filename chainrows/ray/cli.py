@@ -23,9 +23,9 @@ def usage_problem(a) -> str | None:
 
 
 def check_out(dataset: str, out: str, overwrite: bool) -> None:
-    """The single-process overwrite policy (chainrows.io.write.check_destination) for a local
+    """The single-process overwrite policy (chainrows.outdir.atomic.check_destination) for a local
     OUT; for a URI OUT, a committed ``report`` is refused unless ``overwrite``."""
-    from chainrows.io.write import OUTPUT_NAMES, OutputExistsError, check_destination
+    from chainrows.outdir.atomic import OUTPUT_NAMES, OutputExistsError, check_destination
     from chainrows.ray.source import locate
 
     dst = locate(out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.ray.source import ONE_LINE
 
 INSTALL_HINT = "the --ray path needs Ray Data: pip install 'chainrows[ray]'"

@@ -5,7 +5,7 @@ readers skip it). The driver then names the finished parts ``part-NNNNNNNN.parqu
 order and commits: rows in, then report (the report is the commit marker).
 
 - A local OUT (also a shared mount that every node sees at the same path) goes through the
-  single-process :class:`chainrows.io.write.AtomicOutput`: renames on one filesystem, fsync'd;
+  single-process :class:`chainrows.outdir.atomic.AtomicOutput`: renames on one filesystem, fsync'd;
   on any error the staging directory is deleted and earlier outputs stay; a directory left by
   a killed driver is removed by the next run into that OUT.
 - Any other pyarrow filesystem (``s3://`` and the like) gets the same order with the
@@ -20,7 +20,7 @@ from typing import Iterable
 
 import pyarrow.fs as pafs
 
-from chainrows.io.write import OUTPUT_NAMES, PART_DIGITS, AtomicOutput
+from chainrows.outdir.atomic import OUTPUT_NAMES, PART_DIGITS, AtomicOutput
 from chainrows.ray.source import Location
 
 STAGE_PREFIX = ".chainrows-tmp-ray-"

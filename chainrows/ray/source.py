@@ -5,7 +5,7 @@ tasks produce checked, normalized rows in one wide schema.
 The check and the normalization are the single-process reader's own
 (:func:`chainrows.io.dataset.plan_table`, :func:`~chainrows.io.dataset.check_schema`,
 :func:`~chainrows.io.dataset.normalize`), so unusable input raises the same one-line
-:class:`~chainrows.io.errors.InputError` as ``chainrows reassemble`` without ``--ray``: on the
+:class:`~chainrows.errors.InputError` as ``chainrows reassemble`` without ``--ray``: on the
 driver for anything a footer tells (missing table or column, wrong type, unreadable footer), in
 the read task that meets it for anything only the data tells (a null where none is allowed,
 invalid UTF-8, damaged pages).
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from chainrows.io import dataset as dsio
 from chainrows.io.dataset import CANONICAL, TABLES, check_schema, normalize, plan_table
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.footers import reading
 from chainrows.io.partition import string_hashes
 

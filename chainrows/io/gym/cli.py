@@ -41,7 +41,7 @@ def add_parsers(sub) -> None:
 def cmd_import_gym(a: argparse.Namespace) -> int:
     from chainrows.io.dataset import TABLES
     from chainrows.io.gym.importer import DEFAULT_BUDGET, import_gym
-    from chainrows.io.write import check_destination
+    from chainrows.outdir.atomic import check_destination
 
     check_destination(a.out, TABLES, inputs=[a.dump], overwrite=a.overwrite)
     t0 = time.perf_counter()
@@ -59,7 +59,7 @@ def cmd_export_gym(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from chainrows.io.gym.exporter import export_gym
-    from chainrows.io.write import OutputExistsError, check_destination
+    from chainrows.outdir.atomic import OutputExistsError, check_destination
 
     # receipts are written last: the commit marker, plain or gzip
     out = check_destination(a.out, ("receipts.jsonl",), inputs=[a.ledger, a.tokens, a.results],

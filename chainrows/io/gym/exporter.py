@@ -25,7 +25,7 @@ import numpy as np
 from chainrows.io.gym import wire as W
 from chainrows.io.gym.fingerprints import fingerprint, is_model_authored
 from chainrows.io.jsonl import _float_list, _int32_list, _item_keys, _kind, _string_list, iter_records
-from chainrows.io.outfile import OutFile
+from chainrows.outdir.outfile import OutFile
 
 SCHEMA_VERSION = 3
 WEIGHT_VERSION = 0
@@ -41,7 +41,7 @@ class _Rollout:
 def export_gym(ledger_path, tokens_path, results_path, dump_dir: str | os.PathLike) -> dict:
     """Write ``receipts.jsonl``, ``staged.jsonl``, ``results.jsonl`` into ``dump_dir`` (earlier
     files of those names are replaced, other files left alone). Raises
-    chainrows.io.errors.InputError naming the file and line on a malformed record, and a
+    chainrows.errors.InputError naming the file and line on a malformed record, and a
     WriteError naming the file on a failed write; either leaves the dump as it was. Returns
     counts (rollouts, calls, staged)."""
     rollouts: dict[str, _Rollout] = {}

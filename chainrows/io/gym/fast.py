@@ -401,7 +401,7 @@ _WARM_LINE = (b'{"token_ids_delta": [1], "token_mask_delta": [1], '
 
 def load_kernels() -> None:
     """Run both kernels once (compiling them on a cold cache), so that a measure of the
-    process's memory afterwards counts them (chainrows.io.budget)."""
+    process's memory afterwards counts them (chainrows.memory.budget)."""
     read_block([_WARM_LINE])
 
 

@@ -32,11 +32,11 @@ from chainrows.io.gym.verify import Checked, Verifier, xxh3_chain
 from chainrows.io.schema import (
     ACCEPTED_FIELD, INTEGRITY_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, ROLLOUTS_SCHEMA, TOKENS_SCHEMA,
 )
-from chainrows.io.budget import check_budget, footprint_after
-from chainrows.io.errors import InputError
+from chainrows.memory.budget import check_budget, footprint_after
+from chainrows.errors import InputError
 from chainrows.io.gym.fast import load_kernels
-from chainrows.io.outfile import OutFile
-from chainrows.io.write import AtomicOutput
+from chainrows.outdir.outfile import OutFile
+from chainrows.outdir.atomic import AtomicOutput
 
 DEFAULT_BUDGET = 2 << 30
 GZ_RATIO = 5  # assumed expansion of a .gz staged file, for sizing buckets
@@ -85,7 +85,7 @@ def import_gym(dump_dir: str | os.PathLike, dataset_dir: str | os.PathLike, *,
     Raises InputError (file, line, field) on a malformed line; nothing is written then.
 
     ``memory_budget`` sizes the buckets (:func:`bucket_count`); a budget below what the process
-    itself needs is an InputError naming the smallest that works (chainrows.io.budget, as
+    itself needs is an InputError naming the smallest that works (chainrows.memory.budget, as
     ``reassemble`` refuses it). ``buckets``: force that many (tests, measurements)."""
     files = dump_files(dump_dir)
     footprint = footprint_after(load_kernels)

@@ -2,7 +2,7 @@
 
 A dump is a directory holding ``receipts.jsonl``, ``staged.jsonl`` and ``results.jsonl`` (each
 may be ``.jsonl.gz``). Every parser here checks *form* only (JSON types, required fields) and
-raises :class:`~chainrows.io.errors.InputError` naming the file, the 1-based line and the field;
+raises :class:`~chainrows.errors.InputError` naming the file, the 1-based line and the field;
 what the values mean (lengths, masks, digests) is chainrows.io.gym.verify's job and never an
 error here. Token payloads become numpy arrays in one conversion per line.
 """
@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 from chainrows.io.gym.fingerprints import key_of, model_items
 from chainrows.io.jsonl import _kind, parse_object
 from chainrows.io.jsonl import _Line as Line

@@ -1,6 +1,6 @@
 """``OutFile``: a plain Python file opened for writing (JSON Lines, bucket files) whose every
 failure is a WriteError naming it, as the Arrow and Parquet writers' are
-(chainrows.io.errors.writing).
+(chainrows.errors.writing).
 
 Python names the file only when ``open`` fails: a full disk or the file-size limit shows on a
 later ``write`` (when the buffer is flushed) or on ``close``, as ``[Errno 28] No space left on
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from chainrows.io.errors import write_error, writing
+from chainrows.errors import write_error, writing
 
 
 class OutFile:

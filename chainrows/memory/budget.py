@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from chainrows.io.errors import InputError
-from chainrows.io.memory import process_rss, release_memory
+from chainrows.errors import InputError
+from chainrows.memory.process import process_rss, release_memory
 
 BASE_RSS = 320 << 20  # process baseline where it cannot be measured (no /proc)
 MIN_ROOM = 144 << 20  # the least memory above the baseline any path works in (docs/limits.md)

@@ -1,4 +1,5 @@
-"""Writing Parquet outputs (SPEC §4, §7): one set of writer options, atomic `rows`/`report`.
+"""Output directories (SPEC §4, §7): atomic `rows`/`report` (or any named outputs), the overwrite
+policy, locks and fsync. The Parquet writer options are :mod:`chainrows.outdir.parquet`'s.
 
 ``AtomicOutput(out_dir)`` stages everything in a hidden temp directory inside ``out_dir`` and
 moves the finished tables into place only when the ``with`` block exits normally. On any
@@ -31,28 +32,15 @@ from pathlib import Path
 from typing import Iterable
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from chainrows.io.errors import writing
+from chainrows.errors import writing
+from chainrows.outdir.parquet import write_parquet
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX: stale temp dirs are cleaned by age only
     fcntl = None
 
-# Writer options, chosen by measurement: zstd(1), dictionaries on the id strings only, values
-# handed to the encoders 64 Ki at a time (docs/decisions-io.md "Writer option measurement").
-DICTIONARY_COLUMNS = [
-    "rollout_id", "group_id", "status", "reason", "detail", "call_ids.list.element",
-]
-WRITE_OPTIONS: dict = {
-    "compression": "zstd",
-    "compression_level": 1,
-    "use_dictionary": DICTIONARY_COLUMNS,  # absent columns are ignored by pyarrow
-    "write_statistics": True,
-    "write_batch_size": 1 << 16,
-}
-ROW_GROUP_BYTES = 128 << 20   # target in-memory bytes per row group
 TMP_PREFIX = ".chainrows-tmp-"
 LOCK_NAME = ".lock"
 OUT_LOCK_NAME = ".chainrows-lock"  # held by the AtomicOutput writing out_dir, removed after
@@ -61,56 +49,7 @@ PART_DIGITS = 8               # part-00000000.parquet: lexicographic order = wri
 OUTPUT_NAMES = ("rows", "report")
 
 
-# ----------------------------------------------------------------------------- plain writes
-
-def row_group_rows(table: pa.Table | pa.RecordBatch) -> int:
-    """Rows per row group so that a group holds about ROW_GROUP_BYTES of in-memory data."""
-    n = table.num_rows
-    return max(1, min(n, ROW_GROUP_BYTES * n // max(table.nbytes, 1))) if n else 1
-
-
-def write_parquet(path: str | os.PathLike, table: pa.Table, **options) -> Path:
-    """Write ``table`` to one Parquet file with WRITE_OPTIONS (``options`` override them).
-
-    The bytes depend on the rows alone, not on how the table's columns are chunked (pyarrow
-    cuts data pages at chunk boundaries; an API rows table comes in several chunks when
-    rollouts failed their hash or logprob checks): each row group is made one chunk per column
-    before it is written, so a multi-chunk table costs one row group's copy at a time. A failed
-    write is a WriteError naming ``path``."""
-    opts = {**WRITE_OPTIONS, **options}
-    group_rows = row_group_rows(table)
-    if table.num_rows == 0 or all(col.num_chunks == 1 for col in table.columns):
-        with writing(path):
-            pq.write_table(table, path, row_group_size=group_rows, **opts)
-        return Path(path)
-    with writing(path), pq.ParquetWriter(path, table.schema, **opts) as writer:
-        for start in range(0, table.num_rows, group_rows):
-            group = table.slice(start, group_rows).combine_chunks()
-            writer.write_table(group, row_group_size=group.num_rows)
-    return Path(path)
-
-
-def write_dataset(dataset_dir: str | os.PathLike, ledger: pa.Table, tokens: pa.Table,
-                  rollouts: pa.Table) -> Path:
-    """Write a SPEC §2 dataset as ``ledger.parquet``, ``tokens.parquet``, ``rollouts.parquet``
-    (not atomic; for tests, the synthesizer and the JSONL importer)."""
-    root = Path(dataset_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    for name, table in (("ledger", ledger), ("tokens", tokens), ("rollouts", rollouts)):
-        write_parquet(root / f"{name}.parquet", table)
-    return root
-
-
-def write_dataset_atomic(dataset_dir: str | os.PathLike, ledger: pa.Table, tokens: pa.Table,
-                         rollouts: pa.Table) -> Path:
-    """:func:`write_dataset`, all or nothing: the three files appear together (via
-    :class:`AtomicOutput`; earlier ``<name>.parquet`` or ``<name>/`` tables are replaced)."""
-    root = Path(dataset_dir)
-    with AtomicOutput(root, names=("ledger", "tokens", "rollouts")) as out:
-        for name, table in (("ledger", ledger), ("tokens", tokens), ("rollouts", rollouts)):
-            out.write_table(name, table)
-    return root
-
+# ----------------------------------------------------------------------------- small files
 
 def write_json_atomic(path: str | os.PathLike, value) -> Path:
     """Write ``value`` as JSON to ``path`` through a temp file and one rename: a reader sees
@@ -150,7 +89,7 @@ def check_destination(out_dir: str | os.PathLike, names: Iterable[str] = OUTPUT_
       ``out_dir``, ``rows`` without its ``report``) is never a reason to refuse: the run
       resumes or replaces it. Other entries of ``out_dir`` are never touched.
     """
-    from chainrows.io.errors import InputError
+    from chainrows.errors import InputError
 
     out = Path(out_dir)
     where = out.resolve()
@@ -368,7 +307,7 @@ def _flock(path: Path) -> int | None:
 
 def _lock_out_dir(out_dir: Path) -> int | None:
     """flock ``out_dir/.chainrows-lock``; InputError when another run holds it."""
-    from chainrows.io.errors import InputError
+    from chainrows.errors import InputError
 
     if fcntl is None:
         return None
