@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     import numba
 
     import chainrows
-    from chainrows.io.dataset import read_dataset
+    from chainrows.formats.native.dataset import read_dataset
 
     ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.per_call_floor", description=__doc__.splitlines()[0])
     ap.add_argument("dataset")

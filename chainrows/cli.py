@@ -163,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("out", help="output dataset directory (created if missing)")
     j.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
 
-    from chainrows.io.gym.cli import add_parsers as add_gym_parsers  # import-gym, export-gym
+    from chainrows.formats.gym.cli import add_parsers as add_gym_parsers  # import-gym, export-gym
 
     add_gym_parsers(sub)
 
@@ -353,7 +353,7 @@ def _synth_masks(kinds: dict) -> str:
 
 
 def cmd_synth(a) -> int:
-    from chainrows.io.dataset import TABLES
+    from chainrows.formats.native.dataset import TABLES
     from chainrows.outdir.atomic import check_destination
     from chainrows.progress import human_bytes
     from chainrows.synth import write_synth_dataset
@@ -380,8 +380,8 @@ def cmd_synth(a) -> int:
 
 
 def cmd_import_jsonl(a) -> int:
-    from chainrows.io.dataset import TABLES
-    from chainrows.io.jsonl import import_jsonl
+    from chainrows.formats.native.dataset import TABLES
+    from chainrows.formats.jsonl import import_jsonl
     from chainrows.outdir.atomic import check_destination
     from chainrows.formats.native.write import write_dataset_atomic
 
@@ -434,7 +434,7 @@ def cmd_stats(a) -> int:
 COMMANDS = {"reassemble": cmd_reassemble, "synth": cmd_synth, "import-jsonl": cmd_import_jsonl,
             "stats": cmd_stats}
 
-from chainrows.io.gym.cli import COMMANDS as _GYM_COMMANDS  # noqa: E402 (argparse only, no heavy imports)
+from chainrows.formats.gym.cli import COMMANDS as _GYM_COMMANDS  # noqa: E402 (argparse only, no heavy imports)
 
 COMMANDS.update(_GYM_COMMANDS)
 

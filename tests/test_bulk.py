@@ -330,7 +330,7 @@ def test_resume_reads_intact_spilled_parts_without_partitioning_again(dataset, t
 def test_a_finished_buckets_spilled_parts_are_gone_by_the_time_the_run_stops(dataset, tmp_path):
     """They are deleted on a thread of their own while the next bucket is decided; a run that
     stops waits for those deletions (the unfinished buckets keep theirs for --resume)."""
-    from chainrows.io.dataset import TABLES
+    from chainrows.formats.native.dataset import TABLES
 
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -800,7 +800,7 @@ def test_the_smallest_budget_the_process_accepts_holds(tmp_path):
 
 READ_PEAK_SCRIPT = r"""
 import sys
-from chainrows.io.dataset import read_dataset
+from chainrows.formats.native.dataset import read_dataset
 from chainrows.memory.process import process_rss
 base = process_rss()
 open("/proc/self/clear_refs", "w").write("5")  # VmHWM from here
@@ -912,7 +912,7 @@ def test_collision_check_is_its_plain_definition_on_unsorted_runs(seed):
 @pytest.mark.parametrize("change", ["more", "fewer"])
 def test_stream_refuses_a_table_that_changed_after_its_first_pass(dataset, tmp_path, change):
     from chainrows.bulk.stream import stream_windows
-    from chainrows.io.dataset import table_schema
+    from chainrows.formats.native.dataset import table_schema
 
     plan = plan_windows(scan(dataset, True), 3)
     src = tmp_path / "data"

@@ -577,7 +577,7 @@ def test_stray_bytes_after_a_footer_are_not_taken_for_encryption(cli, good, tmp_
     """A footer followed by as many stray bytes as an encryption signature was refused as
     encrypted; pyarrow reads such a file, and so does chainrows now: the same rows as without
     the bytes. The footer's metadata, not its length, tells (``footers.names_encryption``)."""
-    from chainrows.io.footers import names_encryption
+    from chainrows.formats.native.footers import names_encryption
 
     assert_ran(cli.run("reassemble", good, tmp_path / "clean", *route))
     ledger = good / "ledger.parquet"

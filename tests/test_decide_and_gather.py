@@ -18,7 +18,7 @@ from chainrows.engine.run import decide, decide_and_gather, gather_rows
 from chainrows.io.columnar import build_batch
 from chainrows.io.output import _token_lists, rows_table
 from chainrows.io.rowgroups import RowGroupWriter
-from chainrows.io.schema import rows_schema, tables_from_pylists
+from chainrows.formats.native.schema import rows_schema, tables_from_pylists
 from chainrows.options import Options
 from randomized import random_dataset
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chainrows import reassemble
-from chainrows.io.dataset import read_dataset
+from chainrows.formats.native.dataset import read_dataset
 from chainrows.synth import write_synth_dataset
 
 from outputs import output_bytes

@@ -14,9 +14,9 @@ import pytest
 from chainrows import bulk
 from chainrows.bulk import job as bulk_job
 from chainrows.bulk import plan as planner
-from chainrows.io import dataset as dsmod
-from chainrows.io import footers, small_files
-from chainrows.io.dataset import TABLES, footer_totals, plan_table
+from chainrows.formats.native import dataset as dsmod
+from chainrows.formats.native import footers, small_files
+from chainrows.formats.native.dataset import TABLES, footer_totals, plan_table
 from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 

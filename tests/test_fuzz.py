@@ -58,9 +58,9 @@ from hypothesis import strategies as st
 
 from chainrows import reassemble, reference
 from chainrows.check import reconcile
-from chainrows.io.dataset import read_dataset
+from chainrows.formats.native.dataset import read_dataset
 from chainrows.errors import InputError
-from chainrows.io.schema import (
+from chainrows.formats.native.schema import (
     ACCEPTED_FIELD,
     LEDGER_SCHEMA,
     LOGPROBS_FIELD,
@@ -907,7 +907,7 @@ def test_cli_hostile_tables(cli, tmp_path_factory, data):
 
 def _normalized(tables: dict):
     """The tables as the reader would return them (null lists -> empty etc.), for the oracle."""
-    from chainrows.io.dataset import Dataset, check_schema, normalize
+    from chainrows.formats.native.dataset import Dataset, check_schema, normalize
 
     out = {n: normalize(n, t, check_schema(n, t.schema)) for n, t in tables.items()}
     return Dataset(out["ledger"], out["tokens"], out["rollouts"], {})
@@ -1031,7 +1031,7 @@ def test_damaged_pages_read_alike_on_every_path(small_synth, tmp_path):
     and spill paths read must then see the same rows, or both refuse the file. (A read a row
     group at a time restarted the list columns' decoding at each group: a flip at byte 6,763 of
     a 64-row-group ledger moved item_ids by one row from row 64 on, where the batches did not.)"""
-    from chainrows.io.dataset import iter_table_batches, read_table
+    from chainrows.formats.native.dataset import iter_table_batches, read_table
 
     src = pq.read_table(small_synth / "ledger.parquet")
     clean = tmp_path / "clean.parquet"

@@ -16,9 +16,9 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows.io import dataset as dsmod
+from chainrows.formats.native import dataset as dsmod
 from chainrows.outdir import atomic as wmod
-from chainrows.io.dataset import (
+from chainrows.formats.native.dataset import (
     Dataset,
     check_schema,
     iter_table_batches,
@@ -30,7 +30,7 @@ from chainrows.io.dataset import (
 )
 from chainrows.errors import InputError
 from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
-from chainrows.io.schema import (
+from chainrows.formats.native.schema import (
     ACCEPTED_FIELD,
     LEDGER_SCHEMA,
     LOGPROBS_FIELD,

@@ -12,7 +12,7 @@ from chainrows.io.partition import string_hashes
 from chainrows.ray.cluster import input_error_in
 from chainrows.ray.route import BUCKET_COL, add_buckets, split_tables
 from chainrows.ray.source import ONE_LINE, RKEY_COL, SEQ_COL, TABLE_COL, TAG, TableFiles, wide_schema
-from chainrows.io.dataset import CANONICAL, TABLES
+from chainrows.formats.native.dataset import CANONICAL, TABLES
 
 
 def _tables() -> dict:

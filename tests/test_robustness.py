@@ -32,7 +32,7 @@ import xxhash
 from chainrows import reassemble, reference
 from chainrows.check import reconcile, reconcile_output
 from chainrows.options import Options
-from chainrows.io.schema import (
+from chainrows.formats.native.schema import (
     LEDGER_SCHEMA,
     REPORT_SCHEMA,
     ROLLOUTS_SCHEMA,
@@ -86,7 +86,7 @@ def test_reconcile_empty_dataset():
 
 @pytest.fixture(scope="module")
 def outputs(small):
-    from chainrows.io.dataset import read_dataset
+    from chainrows.formats.native.dataset import read_dataset
 
     ds = read_dataset(small)
     res = reassemble(ds.ledger, ds.tokens, ds.rollouts, placeholders=True)

@@ -199,7 +199,7 @@ def test_item_join_codes_and_identified_calls():
 
     from chainrows.engine.batch import NO_OUTPUT
     from chainrows.io.columnar import build_batch
-    from chainrows.io.schema import tables_from_pylists
+    from chainrows.formats.native.schema import tables_from_pylists
 
     first = RolloutBuilder("a-first")  # sorts first: the second rollout's slots start further on
     first.call("k1", None, carry=[1], gen=[2], items=[message("p", "a")])

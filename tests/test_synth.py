@@ -15,8 +15,14 @@ import pytest
 import xxhash
 
 from chainrows import synth
-from chainrows.io.fingerprint import fingerprint
-from chainrows.io.schema import ACCEPTED_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, ROLLOUTS_SCHEMA, TOKENS_SCHEMA
+from chainrows.formats.items import fingerprint
+from chainrows.formats.native.schema import (
+    ACCEPTED_FIELD,
+    LEDGER_SCHEMA,
+    LOGPROBS_FIELD,
+    ROLLOUTS_SCHEMA,
+    TOKENS_SCHEMA,
+)
 from chainrows.reasons import REASONS
 from chainrows.synth import CORRUPT_KINDS, CORRUPT_TARGETS, iter_synth_batches, synth_tables, write_synth_dataset
 

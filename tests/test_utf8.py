@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrows.io import dataset as dsmod
+from chainrows.formats.native import dataset as dsmod
 
 PIECES = [b"a", b"call-7", b"", b"\xc3\xa9", b"\xe2\x82\xac", b"\xff", b"\xc3", b"\x80", b"\xed\xa0\x80"]
 

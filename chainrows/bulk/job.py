@@ -36,12 +36,12 @@ from chainrows.bulk.stream import stream_windows
 from chainrows.bulk.summary import Summary
 from chainrows.bulk.windows import plan_windows, scan
 from chainrows.engine.threads import inherit_threads
-from chainrows.io.dataset import TABLES, footer_totals, read_dataset, table_files, table_schema
+from chainrows.formats.native.dataset import TABLES, footer_totals, read_dataset, table_files, table_schema
 from chainrows.errors import InputError
-from chainrows.io.footers import remembered
+from chainrows.formats.native.footers import remembered
 from chainrows.memory.process import one_arrow_thread, process_peak_rss
 from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
-from chainrows.io.schema import REPORT_SCHEMA, rows_schema
+from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.outdir.atomic import AtomicOutput, write_json_atomic
 from chainrows.options import Options
 from chainrows.progress import Progress

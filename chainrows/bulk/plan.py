@@ -17,9 +17,9 @@ import pyarrow as pa
 
 from chainrows.memory.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
 from chainrows.bulk.windows import KEPT_TABLES, SCAN_BATCH_ROWS
-from chainrows.io.dataset import TABLES, Totals, footer_totals, plan_table, plan_totals
+from chainrows.formats.native.dataset import TABLES, Totals, footer_totals, plan_table, plan_totals
 from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
-from chainrows.io.small_files import many_small_files
+from chainrows.formats.native.small_files import many_small_files
 from chainrows.options import Options
 
 DEFAULT_BUDGET = 4 << 30

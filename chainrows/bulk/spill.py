@@ -13,7 +13,7 @@ from typing import Callable
 from chainrows.api import Result
 from chainrows.bulk.runs import kept_record
 from chainrows.bulk.summary import Summary
-from chainrows.io.dataset import TABLES
+from chainrows.formats.native.dataset import TABLES
 from chainrows.errors import writing
 from chainrows.memory.process import release_memory
 from chainrows.io.partition import SPILL_IPC, bucket_dir, partition, parts_intact, read_bucket

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from chainrows.bulk.windows import WindowPlan, take
 from chainrows.engine.threads import inherit_threads
-from chainrows.io.dataset import TABLES, iter_table_batches
+from chainrows.formats.native.dataset import TABLES, iter_table_batches
 from chainrows.errors import InputError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from chainrows.io.schema import tables_from_pylists
+from chainrows.formats.native.schema import tables_from_pylists
 from chainrows.reference import chain_hash
 
 

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from chainrows.engine.dense import dense_codes
 from chainrows.arrays import coalesced
-from chainrows.io.dataset import iter_table_batches
+from chainrows.formats.native.dataset import iter_table_batches
 from chainrows.io.joins import MIN_BUFFER_BYTES
 from chainrows.io.partition import collision_error, string_hashes
 from chainrows.io.take import take_rows

@@ -50,7 +50,7 @@ def reconcile(dataset, rows, report, *, verify_hashes: bool = True,
     """Check ``rows`` and ``report`` against the input ``dataset``; returns the problems found
     (one line each, at most ``max_problems`` plus a count of the rest), ``[]`` when consistent.
 
-    ``dataset``: a dataset directory, a :class:`chainrows.io.dataset.Dataset`, or a
+    ``dataset``: a dataset directory, a :class:`chainrows.formats.native.dataset.Dataset`, or a
     ``(ledger, tokens, rollouts)`` triple of Arrow tables (or of dict lists). ``rows``/``report``:
     Arrow tables, or paths of Parquet files / directories of part files.
     """

@@ -11,14 +11,14 @@ import pyarrow.parquet as pq
 
 from chainrows.check.ids import TABLES
 from chainrows.check.problems import Problems
-from chainrows.io.schema import REPORT_SCHEMA, ROWS_SCHEMA, tables_from_pylists
+from chainrows.formats.native.schema import REPORT_SCHEMA, ROWS_SCHEMA, tables_from_pylists
 
 
 def inputs(dataset) -> tuple[pa.Table, pa.Table, pa.Table]:
     """(ledger, tokens, rollouts) of a dataset directory, a Dataset, or a triple of Arrow
     tables or of dict lists."""
     if isinstance(dataset, (str, os.PathLike)):
-        from chainrows.io.dataset import read_dataset
+        from chainrows.formats.native.dataset import read_dataset
 
         dataset = read_dataset(dataset)
     if all(hasattr(dataset, n) for n in TABLES):

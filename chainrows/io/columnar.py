@@ -238,7 +238,7 @@ class _Utf8Checks:
         self._pending = []
 
     def __call__(self, name, file, table, row0):
-        from chainrows.io.dataset import check_utf8
+        from chainrows.formats.native.dataset import check_utf8
 
         self._pending.append(self._handed.submit(check_utf8, name, file, table, row0))
 
@@ -250,7 +250,7 @@ class _Utf8Checks:
 
 
 def _canonical(name: str, table, utf8_check=None) -> pa.Table:
-    from chainrows.io.dataset import check_schema, normalize
+    from chainrows.formats.native.dataset import check_schema, normalize
 
     if not isinstance(table, pa.Table):
         raise TypeError(f"{name}: expected a pyarrow.Table, got {type(table).__name__}")

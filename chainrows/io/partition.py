@@ -25,7 +25,7 @@ from chainrows.engine.threads import wait_out
 from chainrows.engine.dense import dense_codes
 from chainrows.arrays import FirstValue, coalesced, one_chunk, string_parts
 from chainrows.outdir.digest import file_digest
-from chainrows.io.dataset import TABLES, footer_totals, iter_table_batches, table_schema
+from chainrows.formats.native.dataset import TABLES, footer_totals, iter_table_batches, table_schema
 from chainrows.errors import InputError, writing
 from chainrows.memory.process import release_memory
 from chainrows.io.take import take_rows

@@ -2,7 +2,7 @@
 data (interpreter, libraries, loaded kernels), plus the least room any command works in.
 
 Light on purpose (no engine import): ``reassemble`` (chainrows.bulk.plan) and ``import-gym``
-(chainrows.io.gym.importer) both refuse a budget below the floor through :func:`check_budget`.
+(chainrows.formats.gym.importer) both refuse a budget below the floor through :func:`check_budget`.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ import pyarrow.fs as pafs
 
 from chainrows.api import run_tables
 from chainrows.bulk.summary import Summary
-from chainrows.io.dataset import Totals
-from chainrows.io.schema import REPORT_SCHEMA, rows_schema
+from chainrows.formats.native.dataset import Totals
+from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.options import Options
 from chainrows.ray import tasks
 from chainrows.ray.cluster import connected, input_error_in
@@ -127,7 +127,7 @@ def _input_totals(src: Location, tables) -> Totals:
     them (``io.dataset.footer_totals``): uncompressed as stored (the summary's figure) and
     estimated once decoded (what sizes the decide tasks). Other columns a capture carries do
     not count."""
-    from chainrows.io.footers import facts_of, reading
+    from chainrows.formats.native.footers import facts_of, reading
 
     rows = stored = decoded = 0
     for tf in tables.values():

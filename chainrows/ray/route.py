@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.io.dataset import TABLES
+from chainrows.formats.native.dataset import TABLES
 from chainrows.io.partition import string_hashes
 from chainrows.ray.source import RKEY_COL, SEQ_COL, TABLE_COL, TAG, TableFiles
 

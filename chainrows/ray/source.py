@@ -3,8 +3,8 @@ URIs), the driver-side check of every table's files, and the Ray Data datasource
 tasks produce checked, normalized rows in one wide schema.
 
 The check and the normalization are the single-process reader's own
-(:func:`chainrows.io.dataset.plan_table`, :func:`~chainrows.io.dataset.check_schema`,
-:func:`~chainrows.io.dataset.normalize`), so unusable input raises the same one-line
+(:func:`chainrows.formats.native.dataset.plan_table`, :func:`~chainrows.formats.native.dataset.check_schema`,
+:func:`~chainrows.formats.native.dataset.normalize`), so unusable input raises the same one-line
 :class:`~chainrows.errors.InputError` as ``chainrows reassemble`` without ``--ray``: on the
 driver for anything a footer tells (missing table or column, wrong type, unreadable footer), in
 the read task that meets it for anything only the data tells (a null where none is allowed,
@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from chainrows.io import dataset as dsio
-from chainrows.io.dataset import CANONICAL, TABLES, check_schema, normalize, plan_table
+from chainrows.formats.native import dataset as dsio
+from chainrows.formats.native.dataset import CANONICAL, TABLES, check_schema, normalize, plan_table
 from chainrows.errors import InputError
-from chainrows.io.footers import reading
+from chainrows.formats.native.footers import reading
 from chainrows.io.partition import string_hashes
 
 TAG = {name: i for i, name in enumerate(TABLES)}  # ledger 0, tokens 1, rollouts 2

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from chainrows.api import run_tables
 from chainrows.bulk.summary import Summary
-from chainrows.io.schema import REPORT_SCHEMA, rows_schema
+from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.outdir.parquet import WRITE_OPTIONS, row_group_rows
 from chainrows.options import Options
 from chainrows.ray.route import BUCKET_COL, add_buckets, split_tables

@@ -12,7 +12,13 @@ import numpy as np
 import pyarrow as pa
 
 from chainrows.arrays import offsets_from_lengths, range_index
-from chainrows.io.schema import ACCEPTED_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, ROLLOUTS_SCHEMA, TOKENS_SCHEMA
+from chainrows.formats.native.schema import (
+    ACCEPTED_FIELD,
+    LEDGER_SCHEMA,
+    LOGPROBS_FIELD,
+    ROLLOUTS_SCHEMA,
+    TOKENS_SCHEMA,
+)
 from chainrows.synth.calls import _CID, _DELTA, _FAILED, _GEN, _HASH, _IDS, _KEYS, _PARENT, _PREV, _RID
 from chainrows.synth.harness import _Cfg, _rng, _simulate
 from chainrows.synth.params import BLOCK

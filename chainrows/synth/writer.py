@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from chainrows.io.dataset import TABLES
+from chainrows.formats.native.dataset import TABLES
 from chainrows.errors import writing
 from chainrows.outdir.atomic import AtomicOutput, check_destination
 from chainrows.synth.batches import _iter

@@ -3,7 +3,7 @@
 A dump is a directory holding ``receipts.jsonl``, ``staged.jsonl`` and ``results.jsonl`` (each
 may be ``.jsonl.gz``). Every parser here checks *form* only (JSON types, required fields) and
 raises :class:`~chainrows.errors.InputError` naming the file, the 1-based line and the field;
-what the values mean (lengths, masks, digests) is chainrows.io.gym.verify's job and never an
+what the values mean (lengths, masks, digests) is chainrows.formats.gym.verify's job and never an
 error here. Token payloads become numpy arrays in one conversion per line.
 """
 
@@ -18,10 +18,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from chainrows.errors import InputError
-from chainrows.io.gym.fingerprints import key_of, model_items
-from chainrows.io.jsonl import _kind, parse_object
-from chainrows.io.jsonl import _Line as Line
-from chainrows.io.gym.wire import is_hex64
+from chainrows.formats.gym.fingerprints import key_of, model_items
+from chainrows.formats.jsonl.lines import Line, kind, parse_object
+from chainrows.formats.gym.wire import is_hex64
 
 NAMES = ("receipts", "staged", "results")
 _MISSING = object()
@@ -65,7 +64,7 @@ def iter_raw(path: Path, table: str) -> Iterator[tuple[int, bytes]]:
 
 
 def parse_line(raw: bytes, file: Path, number: int, table: str) -> Line:
-    """One JSON object (:func:`chainrows.io.jsonl.parse_object`'s checks)."""
+    """One JSON object (:func:`chainrows.formats.jsonl.lines.parse_object`'s checks)."""
     return Line(parse_object(raw, file, number, table), file, number, table)
 
 
@@ -91,20 +90,20 @@ def _string(o, name, nullable=False, default: Any = _MISSING):
     value = o.get(name, default)
     if isinstance(value, str) or (nullable and value is None):
         return value
-    raise o.error(f"must be a string{' or null' if nullable else ''}, got {_kind(value)}", name)
+    raise o.error(f"must be a string{' or null' if nullable else ''}, got {kind(value)}", name)
 
 
 def _integer(o, name, default: Any = _MISSING) -> int:
     value = o.get(name, default)
     if type(value) is int and -(1 << 63) <= value < (1 << 63):
         return value
-    raise o.error(f"must be an integer in the int64 range, got {_kind(value)}", name)
+    raise o.error(f"must be an integer in the int64 range, got {kind(value)}", name)
 
 
 def _numbers(o, name, what: str) -> list:
     value = o.get(name)
     if not isinstance(value, list):
-        raise o.error(f"must be an array of {what}, got {_kind(value)}", name)
+        raise o.error(f"must be an array of {what}, got {kind(value)}", name)
     return value
 
 
@@ -135,7 +134,7 @@ def _int_array(o, name, no_bools: bool) -> tuple[np.ndarray, bool]:
             return arr.astype(np.uint64), bool(arr.min() >= 0)
     if not _types_within(values, {int}):
         bad = next(i for i, v in enumerate(values) if type(v) is not int)
-        raise o.error(f"entry {bad} must be an integer, got {_kind(values[bad])}", name)
+        raise o.error(f"entry {bad} must be an integer, got {kind(values[bad])}", name)
     try:
         return np.array(values, dtype=np.uint64), True
     except OverflowError:  # an id < 0 or >= 2**64: an integrity failure, not a form error
@@ -150,7 +149,7 @@ def _float_array(o, name, no_bools: bool) -> np.ndarray:
             return arr.astype(np.float64, copy=False)
     if not _types_within(values, {int, float}):
         bad = next(i for i, v in enumerate(values) if type(v) not in (int, float))
-        raise o.error(f"entry {bad} must be a number, got {_kind(values[bad])}", name)
+        raise o.error(f"entry {bad} must be a number, got {kind(values[bad])}", name)
     try:
         return np.array(values, dtype=np.float64)
     except OverflowError:  # an integer beyond float64: an impossible mask or logprob
@@ -197,7 +196,7 @@ class StagedCall:
 def parse_staged(r: Line, raw: bytes | None = None, arrays=None) -> StagedCall:
     """``raw``: the line's bytes, when at hand (lets the number arrays skip a per-value type
     scan when the line holds no JSON booleans). ``arrays``: the three arrays as
-    chainrows.io.gym.fast read them (a fast.Parsed; ``r`` is then its record, whose arrays
+    chainrows.formats.gym.fast read them (a fast.Parsed; ``r`` is then its record, whose arrays
     are placeholders); the other fields are checked here in the same order either way."""
     no_bools = raw is not None and b"true" not in raw and b"false" not in raw
     ints = {f: _integer(r, f) for f in _INT_FIELDS}
@@ -207,7 +206,7 @@ def parse_staged(r: Line, raw: bytes | None = None, arrays=None) -> StagedCall:
         tokens, in_range = arrays.tokens, arrays.ids_in_u64
     extras = r.rec.get("extras")
     if extras is not None and not isinstance(extras, dict):
-        raise r.error(f"must be an object or null, got {_kind(extras)}", "extras")
+        raise r.error(f"must be an object or null, got {kind(extras)}", "extras")
     return StagedCall(
         rollout_id=r.string("rollout_id"), model_call_id=r.string("model_call_id"),
         parent_call_id=r.string("parent_call_id", nullable=True, default=None), mode=r.string("mode"),
@@ -223,14 +222,14 @@ def parse_staged(r: Line, raw: bytes | None = None, arrays=None) -> StagedCall:
 
 def staged_lines(source, file: Path, fast: bool = True) -> Iterator[tuple[int, bytes, Line, Any]]:
     """(number, raw, Line, fast.Parsed or None) of every staged line of ``source``. ``fast``:
-    the token arrays are read by chainrows.io.gym.fast, and only the lines it doubts are
+    the token arrays are read by chainrows.formats.gym.fast, and only the lines it doubts are
     decoded whole by json.loads; either way the Line's scalar fields are json.loads'.
     Raises the exact parser's InputError for a line that is not a JSON object."""
     if not fast:
         for number, raw in source:
             yield number, raw, parse_line(raw, file, number, "staged"), None
         return
-    from chainrows.io.gym.fast import blocks
+    from chainrows.formats.gym.fast import blocks
 
     for number, raw, parsed in blocks(source):
         if parsed is None:
@@ -298,14 +297,14 @@ def _output_items(o: _Obj, name: str, default) -> tuple[list, list]:
     if items is None:
         return [], []
     if not isinstance(items, list):
-        raise o.error(f"must be an array of {{id, fingerprint}} objects or null, got {_kind(items)}", name)
+        raise o.error(f"must be an array of {{id, fingerprint}} objects or null, got {kind(items)}", name)
     keys, ids = [], []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not is_hex64(item.get("fingerprint")):
             raise o.error(f"entry {i} must be an object with a 64-hex 'fingerprint'", name)
         item_id = item.get("id")
         if item_id is not None and not isinstance(item_id, str):
-            raise o.error(f"entry {i} has an id that is not a string: {_kind(item_id)}", name)
+            raise o.error(f"entry {i} has an id that is not a string: {kind(item_id)}", name)
         keys.append(key_of(item["fingerprint"]))
         ids.append(item_id)
     return keys, ids
@@ -338,11 +337,11 @@ def parse_receipt(r: Line) -> Receipt:
     if manifest is None:
         manifest = []
     if not isinstance(manifest, list):
-        raise r.error(f"must be an array of CallRecord objects, got {_kind(manifest)}", "manifest")
+        raise r.error(f"must be an array of CallRecord objects, got {kind(manifest)}", "manifest")
     records = []
     for i, entry in enumerate(manifest):
         if not isinstance(entry, dict):
-            raise r.error(f"entry {i} must be an object, got {_kind(entry)}", "manifest")
+            raise r.error(f"entry {i} must be an object, got {kind(entry)}", "manifest")
         records.append(parse_record(_Obj(r, entry, f"manifest[{i}]."), poisoned))
     pending = r.get("pending_call_ids", [])
     if pending is None:
@@ -371,11 +370,11 @@ class Result:
 def parse_result(r: Line) -> Result:
     response = r.get("response")
     if response is not None and not isinstance(response, dict):
-        raise r.error(f"must be an object {{id, output}} or null, got {_kind(response)}", "response")
+        raise r.error(f"must be an object {{id, output}} or null, got {kind(response)}", "response")
     response = response or {}
     resp_id = response.get("id")
     if resp_id is not None and not isinstance(resp_id, str):
-        raise r.error(f"id must be a string or null, got {_kind(resp_id)}", "response")
+        raise r.error(f"id must be a string or null, got {kind(resp_id)}", "response")
     output = response.get("output")
     if output is None:
         output = []

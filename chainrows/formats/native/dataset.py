@@ -1,6 +1,6 @@
 """Reading a SPEC §2 dataset: find the files, check types, normalize, check nulls.
 
-Every table comes out in the canonical schema of :mod:`chainrows.io.schema` (string, list,
+Every table comes out in the canonical schema of :mod:`chainrows.formats.native.schema` (string, list,
 int64, uint64 chain_hash, ...), with the optional columns (ledger.integrity_error,
 tokens.logprobs, rollouts.accepted_response_ids) present iff the input has them. The single exception: a
 column chunk that does not fit 32-bit offsets keeps its 64-bit-offset form (``large_string``,
@@ -29,9 +29,9 @@ import pyarrow.parquet as pq
 
 from chainrows.arrays import offsets_rise_within, offsets_view
 from chainrows.errors import InputError
-from chainrows.io.footers import FileFacts, file_facts, one_line as _one_line, reading as _reading
-from chainrows.io.small_files import file_groups, read_group
-from chainrows.io.schema import (
+from chainrows.formats.native.footers import FileFacts, file_facts, one_line as _one_line, reading as _reading
+from chainrows.formats.native.small_files import file_groups, read_group
+from chainrows.formats.native.schema import (
     ACCEPTED_FIELD,
     INTEGRITY_FIELD,
     LEDGER_SCHEMA,
@@ -645,7 +645,7 @@ def iter_table_batches(dataset_dir: str | os.PathLike, name: str,
     (files lexicographic, then rows). All files' schemas are checked before the first batch.
 
     Each batch has at most ``batch_rows`` rows, spans two or more files only when they are small
-    (read as one group, :mod:`chainrows.io.small_files`), and has the columns of
+    (read as one group, :mod:`chainrows.formats.native.small_files`), and has the columns of
     :func:`table_schema` (a batch keeps 64-bit offsets only if it alone overflows 32-bit ones).
     """
     plan = plan_table(dataset_dir, name, columns)

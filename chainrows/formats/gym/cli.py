@@ -39,8 +39,8 @@ def add_parsers(sub) -> None:
 
 
 def cmd_import_gym(a: argparse.Namespace) -> int:
-    from chainrows.io.dataset import TABLES
-    from chainrows.io.gym.importer import DEFAULT_BUDGET, import_gym
+    from chainrows.formats.native.dataset import TABLES
+    from chainrows.formats.gym.importer import DEFAULT_BUDGET, import_gym
     from chainrows.outdir.atomic import check_destination
 
     check_destination(a.out, TABLES, inputs=[a.dump], overwrite=a.overwrite)
@@ -58,7 +58,7 @@ def cmd_import_gym(a: argparse.Namespace) -> int:
 def cmd_export_gym(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from chainrows.io.gym.exporter import export_gym
+    from chainrows.formats.gym.exporter import export_gym
     from chainrows.outdir.atomic import OutputExistsError, check_destination
 
     # receipts are written last: the commit marker, plain or gzip

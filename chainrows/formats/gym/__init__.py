@@ -12,11 +12,11 @@ __all__ = ["GymSummary", "export_gym", "import_gym"]
 
 def __getattr__(name):  # lazy, so the command line's parser stays free of numpy and pyarrow
     if name == "export_gym":
-        from chainrows.io.gym.exporter import export_gym
+        from chainrows.formats.gym.exporter import export_gym
 
         return export_gym
     if name in ("import_gym", "GymSummary"):
-        from chainrows.io.gym import importer
+        from chainrows.formats.gym import importer
 
         return getattr(importer, name)
     raise AttributeError(name)

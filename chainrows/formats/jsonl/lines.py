@@ -1,9 +1,7 @@
-"""Import raw JSON Lines captures into SPEC §2 tables (format: docs/jsonl.md).
-
-Three files: ledger records carrying the call's raw ``output_items`` (Responses-API style
-items; the model-authored ones become ``item_keys``/``item_ids``), token records, and agent
-results carrying the agent's final ``output`` item list (giving ``output_keys``/``output_ids``).
-Any malformed line raises InputError naming the file, the 1-based line number and the field.
+"""The JSON Lines parser every JSON format reuses (docs/jsonl.md, docs/gym.md): files read line by
+line (``.gz`` allowed), each line a JSON object wrapped in a :class:`Line` whose typed getters
+and the field readers below raise an InputError naming the file, the 1-based line number and
+the field. No Arrow here; :mod:`chainrows.formats.jsonl.importer` builds the tables.
 """
 
 from __future__ import annotations
@@ -15,47 +13,22 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-import pyarrow as pa
-
 from chainrows.errors import InputError
-from chainrows.io.fingerprint import model_item_keys
-from chainrows.io.schema import (
-    ACCEPTED_FIELD,
-    LEDGER_SCHEMA,
-    LOGPROBS_FIELD,
-    ROLLOUTS_SCHEMA,
-    TOKENS_SCHEMA,
-)
+from chainrows.formats.items import model_item_keys
 
-_MISSING = object()
+MISSING = object()  # the default of a required field: its absence is an error
 _HEX = re.compile(r"0[xX][0-9a-fA-F]{1,16}")
 _DEC = re.compile(r"[0-9]{1,20}")
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _U64_MAX = (1 << 64) - 1
 
 
-def import_jsonl(ledger_path: str | os.PathLike, tokens_path: str | os.PathLike,
-                 results_path: str | os.PathLike) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """Read the three JSON Lines files (``.gz`` allowed) into (ledger, tokens, rollouts)
-    Arrow tables with the schema.py schemas; tokens has ``logprobs`` iff some token record
-    has that field, rollouts has ``accepted_response_ids`` iff some result record has it.
-    Raises InputError (file, line, field) on any malformed record."""
-    return (read_ledger_jsonl(ledger_path), read_tokens_jsonl(tokens_path),
-            read_results_jsonl(results_path))
-
-
-def import_jsonl_to_dataset(ledger_path, tokens_path, results_path,
-                            dataset_dir: str | os.PathLike) -> Path:
-    """:func:`import_jsonl`, then write the three tables as a SPEC §2 dataset directory."""
-    from chainrows.formats.native.write import write_dataset
-
-    return write_dataset(dataset_dir, *import_jsonl(ledger_path, tokens_path, results_path))
-
-
 # ----------------------------------------------------------------------------- records
 
-class _Line:
-    """One parsed record plus what an error message needs (file, line, table)."""
+class Line:
+    """One parsed record plus what an error message needs (file, line, table). Its getters return
+    a field of the wanted JSON type or raise the InputError :meth:`error` makes; a field without a
+    ``default`` (:data:`MISSING`) is required."""
 
     __slots__ = ("rec", "file", "line", "table")
 
@@ -69,42 +42,44 @@ class _Line:
         return InputError(where + what + suffix, table=self.table, file=self.file,
                           column=field, line=self.line)
 
-    def get(self, field: str, default: Any = _MISSING) -> Any:
+    def get(self, field: str, default: Any = MISSING) -> Any:
         value = self.rec.get(field, default)
-        if value is _MISSING:
+        if value is MISSING:
             raise self.error("is missing", field)
         return value
 
-    def string(self, field: str, nullable: bool = False, default: Any = _MISSING) -> str | None:
+    def string(self, field: str, nullable: bool = False, default: Any = MISSING) -> str | None:
         value = self.get(field, default)
         if isinstance(value, str) or (nullable and value is None):
             return value
         raise self.error(f"must be a string{' or null' if nullable else ''}, got "
-                         f"{_kind(value)}", field)
+                         f"{kind(value)}", field)
 
-    def integer(self, field: str, default: Any = _MISSING) -> int:
+    def integer(self, field: str, default: Any = MISSING) -> int:
         value = self.get(field, default)
         if type(value) is int and -(1 << 63) <= value < (1 << 63):
             return value
-        raise self.error(f"must be an integer in the int64 range, got {_kind(value)}", field)
+        raise self.error(f"must be an integer in the int64 range, got {kind(value)}", field)
 
-    def boolean(self, field: str, default: Any = _MISSING) -> bool:
+    def boolean(self, field: str, default: Any = MISSING) -> bool:
         value = self.get(field, default)
         if isinstance(value, bool):
             return value
-        raise self.error(f"must be true or false, got {_kind(value)}", field)
+        raise self.error(f"must be true or false, got {kind(value)}", field)
 
-    def number(self, field: str, default: Any = _MISSING) -> float | None:
+    def number(self, field: str, default: Any = MISSING) -> float | None:
         value = self.get(field, default)
         if value is None or (type(value) in (int, float)):
             try:
                 return None if value is None else float(value)
             except OverflowError:  # an integer literal beyond float64
                 raise self.error(f"is beyond the float64 range ({str(value)[:20]}...)", field) from None
-        raise self.error(f"must be a number or null, got {_kind(value)}", field)
+        raise self.error(f"must be a number or null, got {kind(value)}", field)
 
 
-def _kind(value: Any) -> str:
+def kind(value: Any) -> str:
+    """How an error message names a JSON value: ``null``, ``a boolean``, ``the number 3``, ``the
+    string '...'`` (40 characters at most), ``an object``, ``an array``."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -164,12 +139,12 @@ def parse_object(raw: bytes, file: Path, number: int, table: str) -> dict:
         raise InputError(f"line {number}: invalid JSON: a string holds a lone UTF-16 surrogate "
                          f"(not Unicode text)", table=table, file=file, line=number)
     if not isinstance(rec, dict):
-        raise InputError(f"line {number}: expected a JSON object, got {_kind(rec)}", table=table,
+        raise InputError(f"line {number}: expected a JSON object, got {kind(rec)}", table=table,
                          file=file, line=number)
     return rec
 
 
-def iter_records(path: str | os.PathLike, table: str) -> Iterator[_Line]:
+def iter_records(path: str | os.PathLike, table: str) -> Iterator[Line]:
     """Yield each non-blank line of a JSON Lines file as a parsed object, with its 1-based
     line number. Raises InputError for a missing file, bad UTF-8, bad JSON, a non-object."""
     file = Path(path)
@@ -182,7 +157,7 @@ def iter_records(path: str | os.PathLike, table: str) -> Iterator[_Line]:
         try:
             for number, raw in enumerate(handle, start=1):
                 if raw.strip():
-                    yield _Line(parse_object(raw, file, number, table), file, number, table)
+                    yield Line(parse_object(raw, file, number, table), file, number, table)
         except (OSError, EOFError) as exc:  # unreadable or truncated .gz
             raise InputError(f"cannot read JSON Lines file: {exc}", table=table,
                              file=file) from exc
@@ -190,7 +165,9 @@ def iter_records(path: str | os.PathLike, table: str) -> Iterator[_Line]:
 
 # ----------------------------------------------------------------------------- fields
 
-def _chain_hash(r: _Line, default: Any = _MISSING) -> int:
+def chain_hash_value(r: Line, default: Any = MISSING) -> int:
+    """The record's ``chain_hash`` field as an unsigned 64-bit int: a number, a decimal string or a
+    ``0x`` hex string of at most 16 digits (docs/jsonl.md); InputError otherwise."""
     value = r.get("chain_hash", default)
     if type(value) is int and 0 <= value <= _U64_MAX:
         return value
@@ -199,18 +176,21 @@ def _chain_hash(r: _Line, default: Any = _MISSING) -> int:
     if isinstance(value, str) and _DEC.fullmatch(value) and int(value) <= _U64_MAX:
         return int(value)
     raise r.error(f"must be an unsigned 64-bit integer (a number, a decimal string or a "
-                  f"\"0x\" hex string of at most 16 digits), got {_kind(value)}", "chain_hash")
+                  f"\"0x\" hex string of at most 16 digits), got {kind(value)}", "chain_hash")
 
 
-def _item_keys(r: _Line, field: str, default: Any = _MISSING) -> tuple[list[int], list]:
+def item_keys(r: Line, field: str, default: Any = MISSING) -> tuple[list[int], list]:
+    """The item fingerprints (SPEC §2.1) and ids of the model-authored items of the item list in
+    ``field`` (null: none); InputError (naming the line and field) for anything that is not a list
+    of objects, items that cannot be fingerprinted, or an id that is not a string."""
     items = r.get(field, default)
     if items is None:
         return [], []
     if not isinstance(items, list):
-        raise r.error(f"must be an array of item objects, got {_kind(items)}", field)
+        raise r.error(f"must be an array of item objects, got {kind(items)}", field)
     for i, item in enumerate(items):
         if not isinstance(item, dict):
-            raise r.error(f"item {i} must be an object, got {_kind(item)}", field)
+            raise r.error(f"item {i} must be an object, got {kind(item)}", field)
     try:
         keys, ids = model_item_keys(items)
     except (ValueError, TypeError) as exc:  # NaN/Infinity, unserializable values
@@ -220,34 +200,38 @@ def _item_keys(r: _Line, field: str, default: Any = _MISSING) -> tuple[list[int]
     for i, item_id in enumerate(ids):
         if item_id is not None and not isinstance(item_id, str):
             raise r.error(f"model-authored item {i} has an id that is not a string: "
-                          f"{_kind(item_id)}", field)
+                          f"{kind(item_id)}", field)
     return keys, ids
 
 
-def _int32_list(r: _Line, field: str) -> list[int] | None:
+def int32_list(r: Line, field: str) -> list[int] | None:
+    """``field`` as a list of int32 values (null: None); InputError for another type or an entry
+    outside the int32 range."""
     values = r.get(field)
     if values is None:
         return None
     if not isinstance(values, list):
-        raise r.error(f"must be an array of integers, got {_kind(values)}", field)
+        raise r.error(f"must be an array of integers, got {kind(values)}", field)
     if not all(type(v) is int for v in values):
         bad = next(i for i, v in enumerate(values) if type(v) is not int)
-        raise r.error(f"entry {bad} must be an integer, got {_kind(values[bad])}", field)
+        raise r.error(f"entry {bad} must be an integer, got {kind(values[bad])}", field)
     if values and (min(values) < _I32_MIN or max(values) > _I32_MAX):
         bad = next(i for i, v in enumerate(values) if not _I32_MIN <= v <= _I32_MAX)
         raise r.error(f"entry {bad} ({values[bad]}) is outside the int32 range", field)
     return values
 
 
-def _float_list(r: _Line, field: str) -> list[float] | None:
+def float_list(r: Line, field: str) -> list[float] | None:
+    """``field`` as a list of numbers (null: None), integers float32 cannot hold exactly given as
+    floats (beyond float64: ±inf); InputError for another type."""
     values = r.get(field)
     if values is None:
         return None
     if not isinstance(values, list):
-        raise r.error(f"must be an array of numbers or null, got {_kind(values)}", field)
+        raise r.error(f"must be an array of numbers or null, got {kind(values)}", field)
     if not all(type(v) in (float, int) for v in values):
         bad = next(i for i, v in enumerate(values) if type(v) not in (float, int))
-        raise r.error(f"entry {bad} must be a number, got {_kind(values[bad])}", field)
+        raise r.error(f"entry {bad} must be a number, got {kind(values[bad])}", field)
     if any(type(v) is int and not -_F32_EXACT <= v <= _F32_EXACT for v in values):
         # Arrow refuses an integer float32 cannot hold exactly: rounded as a float literal is
         return [_float_or_inf(v) for v in values]
@@ -264,100 +248,14 @@ def _float_or_inf(v) -> float:
         return float("inf") if v > 0 else float("-inf")
 
 
-def _string_list(r: _Line, field: str) -> list[str] | None:
+def string_list(r: Line, field: str) -> list[str] | None:
+    """``field`` as a list of strings (null: None); InputError for another type or entry."""
     values = r.get(field)
     if values is None:
         return None
     if not isinstance(values, list):
-        raise r.error(f"must be an array of strings or null, got {_kind(values)}", field)
+        raise r.error(f"must be an array of strings or null, got {kind(values)}", field)
     for i, v in enumerate(values):
         if not isinstance(v, str):
-            raise r.error(f"entry {i} must be a string, got {_kind(v)}", field)
+            raise r.error(f"entry {i} must be a string, got {kind(v)}", field)
     return values
-
-
-# ----------------------------------------------------------------------------- tables
-
-class _Columns:
-    """Accumulates rows column-wise and converts them to Arrow every ``chunk_rows`` rows, so
-    Python objects never pile up for a whole big file."""
-
-    def __init__(self, schema: pa.Schema, chunk_rows: int = 4096):
-        self.schema, self.chunk_rows = schema, chunk_rows
-        self.cols: dict[str, list] = {n: [] for n in schema.names}
-        self.chunks: list[pa.Table] = []
-
-    def add(self, row: dict) -> None:
-        for name, values in self.cols.items():
-            values.append(row[name])
-        if len(self.cols[self.schema.names[0]]) >= self.chunk_rows:
-            self._flush()
-
-    def _flush(self) -> None:
-        self.chunks.append(pa.Table.from_pydict(self.cols, schema=self.schema))
-        self.cols = {n: [] for n in self.schema.names}
-
-    def table(self, drop: tuple[str, ...] = ()) -> pa.Table:
-        self._flush()
-        out = pa.concat_tables(self.chunks)
-        return out.drop_columns(list(drop)) if drop else out
-
-
-def read_ledger_jsonl(path: str | os.PathLike) -> pa.Table:
-    """Ledger JSON Lines → ledger table (LEDGER_SCHEMA), in line order (= capture order)."""
-    out = _Columns(LEDGER_SCHEMA)
-    for r in iter_records(path, "ledger"):
-        rollout_id, call_id = r.string("rollout_id"), r.string("call_id")
-        failed = r.boolean("failed", False)
-        soft = 0 if failed else _MISSING  # a failed capture may omit what it never got
-        row = {
-            "rollout_id": rollout_id,
-            "call_id": call_id,
-            "parent_id": r.string("parent_id", nullable=True, default=None),
-            "response_id": r.string("response_id", default="" if failed else _MISSING),
-            "prev_len": r.integer("prev_len", soft),
-            "delta_len": r.integer("delta_len", soft),
-            "gen_len": r.integer("gen_len", soft),
-            "chain_hash": _chain_hash(r, soft),
-            "failed": failed,
-        }
-        row["item_keys"], row["item_ids"] = _item_keys(r, "output_items",
-                                                       None if failed else _MISSING)
-        out.add(row)
-    return out.table()
-
-
-def read_tokens_jsonl(path: str | os.PathLike) -> pa.Table:
-    """Token JSON Lines → tokens table (TOKENS_SCHEMA, + logprobs iff any record has it)."""
-    out = _Columns(TOKENS_SCHEMA.append(LOGPROBS_FIELD))
-    has_logprobs = False
-    for r in iter_records(path, "tokens"):
-        has_logprobs = has_logprobs or "logprobs" in r.rec
-        out.add({
-            "rollout_id": r.string("rollout_id"),
-            "call_id": r.string("call_id"),
-            "tokens": _int32_list(r, "tokens"),
-            "logprobs": _float_list(r, "logprobs") if "logprobs" in r.rec else None,
-        })
-    return out.table(drop=() if has_logprobs else ("logprobs",))
-
-
-def read_results_jsonl(path: str | os.PathLike) -> pa.Table:
-    """Agent results JSON Lines → rollouts table (ROLLOUTS_SCHEMA, + accepted_response_ids
-    iff any record has that field)."""
-    out = _Columns(ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD))
-    has_accepted = False
-    for r in iter_records(path, "results"):
-        has_accepted = has_accepted or "accepted_response_ids" in r.rec
-        row = {
-            "rollout_id": r.string("rollout_id"),
-            "group_id": r.string("group_id", nullable=True, default=None),
-            "reward": r.number("reward"),
-            "terminal_response_id": r.string("terminal_response_id", nullable=True,
-                                             default=None),
-            "accepted_response_ids": _string_list(r, "accepted_response_ids")
-            if "accepted_response_ids" in r.rec else None,
-        }
-        row["output_keys"], row["output_ids"] = _item_keys(r, "output")
-        out.add(row)
-    return out.table(drop=() if has_accepted else ("accepted_response_ids",))

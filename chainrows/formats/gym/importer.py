@@ -24,17 +24,31 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from chainrows.io.gym.records import (
-    NAMES, Receipt, StagedCall, dump_files, iter_raw, parse_line, parse_receipt, parse_result,
-    parse_staged_line, staged_key, staged_lines,
+from chainrows.formats.gym.records import (
+    NAMES,
+    Receipt,
+    StagedCall,
+    dump_files,
+    iter_raw,
+    parse_line,
+    parse_receipt,
+    parse_result,
+    parse_staged_line,
+    staged_key,
+    staged_lines,
 )
-from chainrows.io.gym.verify import Checked, Verifier, xxh3_chain
-from chainrows.io.schema import (
-    ACCEPTED_FIELD, INTEGRITY_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, ROLLOUTS_SCHEMA, TOKENS_SCHEMA,
+from chainrows.formats.gym.verify import Checked, Verifier, xxh3_chain
+from chainrows.formats.native.schema import (
+    ACCEPTED_FIELD,
+    INTEGRITY_FIELD,
+    LEDGER_SCHEMA,
+    LOGPROBS_FIELD,
+    ROLLOUTS_SCHEMA,
+    TOKENS_SCHEMA,
 )
 from chainrows.memory.budget import check_budget, footprint_after
 from chainrows.errors import InputError
-from chainrows.io.gym.fast import load_kernels
+from chainrows.formats.gym.fast import load_kernels
 from chainrows.outdir.outfile import OutFile
 from chainrows.outdir.atomic import AtomicOutput
 
@@ -44,7 +58,7 @@ PEAK_FACTOR = 8  # a bucket's peak above the baseline over its staged JSON, with
 SHARE = 0.75  # of the room above the baseline, what a bucket's estimated peak may use
 VERIFY_BATCH_TOKENS = 1 << 22  # tokens handed to the verifier at a time
 MAX_BUCKETS = 512  # open files of the partition pass (one table at a time)
-FAST_STAGED = True  # staged lines through chainrows.io.gym.fast (False: json.loads of every line)
+FAST_STAGED = True  # staged lines through chainrows.formats.gym.fast (False: json.loads of every line)
 LEDGER = LEDGER_SCHEMA.append(INTEGRITY_FIELD)
 TOKENS = TOKENS_SCHEMA.append(LOGPROBS_FIELD)
 

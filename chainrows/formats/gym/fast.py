@@ -5,7 +5,7 @@ Nearly all of a staged line's bytes are its three arrays (``token_ids_delta``,
 once: it follows the line's JSON structure (strings, nesting) to find those three keys at the
 top level, checks each value is an array of JSON numbers, and parses the numbers into flat
 uint64 / float64 buffers. The line with each array replaced by ``0`` then goes to ``json.loads``
-(a few hundred bytes), and :func:`chainrows.io.gym.records.parse_staged` form-checks it with the
+(a few hundred bytes), and :func:`chainrows.formats.gym.records.parse_staged` form-checks it with the
 kernel's arrays. The StagedCall's arrays are views of the flat buffers.
 
 The exact parser (json.loads of the whole line, records.parse_staged) stays the authority: a
@@ -49,7 +49,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from chainrows.engine._jit import jit
-from chainrows.io.jsonl import SURROGATE, has_lone_surrogate
+from chainrows.formats.jsonl.lines import SURROGATE, has_lone_surrogate
 
 BLOCK_BYTES = 8 << 20  # lines handed to the kernel at a time
 FIELDS = (b"token_ids_delta", b"token_mask_delta", b"generation_log_probs_delta")

@@ -128,7 +128,7 @@ def f32_body(values: np.ndarray) -> bytes:
 
 def digest_payload(call, token_body, mask_body, logprob_body) -> list:
     """The staging digest input after its tag, as buffers to feed in order. ``call``: the staged
-    call's scalar fields (attributes as in chainrows.io.gym.records.StagedCall); the bodies are
+    call's scalar fields (attributes as in chainrows.formats.gym.records.StagedCall); the bodies are
     ids_body / f32_body bytes (or memoryviews of them). A null chain/cumulative hash (wire
     schema 2) is fed as 0x00. A negative length is fed wrapped, as a negative token id is (the
     exporter writes the calls it is given; the import's range check fails such a call first)."""

@@ -22,9 +22,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from chainrows.io.gym import wire as W
-from chainrows.io.gym.fingerprints import fingerprint, is_model_authored
-from chainrows.io.jsonl import _float_list, _int32_list, _item_keys, _kind, _string_list, iter_records
+from chainrows.formats.gym import wire as W
+from chainrows.formats.gym.fingerprints import fingerprint, is_model_authored
+from chainrows.formats.jsonl.lines import float_list, int32_list, item_keys, iter_records, kind, string_list
 from chainrows.outdir.outfile import OutFile
 
 SCHEMA_VERSION = 3
@@ -62,8 +62,8 @@ def export_gym(ledger_path, tokens_path, results_path, dump_dir: str | os.PathLi
     tokens: dict[tuple[str, str], tuple[list, list | None]] = {}
     for r in iter_records(tokens_path, "tokens"):
         key = (r.string("rollout_id"), r.string("call_id"))
-        tokens.setdefault(key, (_int32_list(r, "tokens") or [],
-                                _float_list(r, "logprobs") if "logprobs" in r.rec else None))
+        tokens.setdefault(key, (int32_list(r, "tokens") or [],
+                                float_list(r, "logprobs") if "logprobs" in r.rec else None))
         rollouts.setdefault(key[0], _Rollout())
     results = []
     for r in iter_records(results_path, "results"):
@@ -71,7 +71,7 @@ def export_gym(ledger_path, tokens_path, results_path, dump_dir: str | os.PathLi
         result = dict(rollout_id=rid, group_id=r.string("group_id", nullable=True, default=None),
                       reward=r.number("reward"),
                       terminal_response_id=r.string("terminal_response_id", nullable=True, default=None),
-                      accepted=_string_list(r, "accepted_response_ids") if "accepted_response_ids" in r.rec else None)
+                      accepted=string_list(r, "accepted_response_ids") if "accepted_response_ids" in r.rec else None)
         _gym_items(r, "output")  # checked; the raw items are what the dump carries
         result["output"] = r.get("output") or []
         results.append(result)
@@ -82,11 +82,11 @@ def export_gym(ledger_path, tokens_path, results_path, dump_dir: str | os.PathLi
 
 def _gym_items(r, field: str) -> list[dict]:
     """``{id, fingerprint}`` of each model-authored item of ``field`` as Gym reads them, refused
-    (naming the line and field) where ``import-jsonl`` refuses the items (``_item_keys``:
+    (naming the line and field) where ``import-jsonl`` refuses the items (``item_keys``:
     objects, fingerprints, string ids of the items it calls model-authored) or where
     ``import-gym`` would refuse the dump (Gym's fingerprint, and a string id of every item
     Gym calls model-authored, a user-role ``function_call`` included)."""
-    _item_keys(r, field)
+    item_keys(r, field)
     refs = []
     for item in r.get(field) or []:
         if not is_model_authored(item):
@@ -100,7 +100,7 @@ def _gym_items(r, field: str) -> list[dict]:
         item_id = item.get("id")
         if item_id is not None and not isinstance(item_id, str):
             raise r.error(f"model-authored item {len(refs)} (as NeMo Gym reads them) has an id that is not a "
-                          f"string: {_kind(item_id)}", field)
+                          f"string: {kind(item_id)}", field)
         refs.append({"id": item_id, "fingerprint": fp})
     return refs
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from chainrows.io.gym import wire as W
-from chainrows.io.gym.records import SHARED, CallRecord, StagedCall
+from chainrows.formats.gym import wire as W
+from chainrows.formats.gym.records import SHARED, CallRecord, StagedCall
 
 INT32_MAX = (1 << 31) - 1
 CHUNK_BYTES = 4 << 20  # hashing work handed to a thread at a time

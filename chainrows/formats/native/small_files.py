@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 if TYPE_CHECKING:  # dataset.py imports this module
-    from chainrows.io.dataset import TablePlan
+    from chainrows.formats.native.dataset import TablePlan
 
 SMALL_FILE_BYTES = 8 << 20  # decoded bytes (footer estimate) of the columns read of a file read in a group, at most
 GROUP_BYTES = 64 << 20  # decoded bytes of a group, at most
