@@ -9,8 +9,8 @@ import pyarrow as pa
 
 from chainrows.engine.advantage import advantages, row_weights
 from chainrows.engine.run import decide_and_gather
-from chainrows.io.columnar import build_batch
-from chainrows.io.output import report_table, rows_table
+from chainrows.lowering.columnar import build_batch
+from chainrows.lowering.output import report_table, rows_table
 from chainrows.options import Options
 
 

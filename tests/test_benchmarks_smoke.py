@@ -172,7 +172,7 @@ def test_wide_shape_is_its_source_with_text_a_run_never_reads(tmp_path):
     import pyarrow.parquet as pq
 
     from asv_benchmarks.shapes import DERIVED_SHAPES, write_shaped_dataset
-    from chainrows import bulk
+    from chainrows.runners import bulk
     from chainrows.formats.native.dataset import footer_totals, plan_table, read_dataset
 
     source, make = DERIVED_SHAPES["wide"]

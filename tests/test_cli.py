@@ -387,7 +387,7 @@ def test_a_complete_result_is_refused_without_overwrite(cli, good, tmp_path, com
 def test_what_an_interrupted_run_left_is_never_a_reason_to_refuse(cli, good, tmp_path, command):
     """An empty OUT, a staging dir of a dead run, finished work for --resume, a rows table
     committed without its report: all replaced by a plain run, no --overwrite needed."""
-    from chainrows.bulk.job import WORK_DIR
+    from chainrows.runners.bulk.job import WORK_DIR
     from chainrows.outdir.atomic import TMP_PREFIX
 
     argv, names = _writers(good, tmp_path)[command]
@@ -435,7 +435,7 @@ def test_import_jsonl_never_writes_over_its_input(cli, tmp_path):
 def test_resume_continues_an_interrupted_overwrite(cli, good, tmp_path):
     """A run replacing a complete result, interrupted with its work kept, resumes under
     --resume without --overwrite (the replacing was asked for already)."""
-    from chainrows.bulk.job import WORK_DIR
+    from chainrows.runners.bulk.job import WORK_DIR
 
     out = tmp_path / "out"
     assert_ran(cli.run("reassemble", good, out))
@@ -449,7 +449,7 @@ def test_unusable_input_found_mid_run_leaves_no_work_behind(cli, tmp_path):
     """A null found while partitioning (after the work dir was started): exit 2, and neither
     the partial work nor the OUT this run created stay; work an earlier run left for --resume
     is kept."""
-    from chainrows.bulk.job import WORK_DIR
+    from chainrows.runners.bulk.job import WORK_DIR
 
     t = _tables()
     values = t["tokens"].column("call_id").to_pylist()

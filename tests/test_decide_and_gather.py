@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from chainrows.engine import run as engine_run
 from chainrows.engine.run import decide, decide_and_gather, gather_rows
-from chainrows.io.columnar import build_batch
-from chainrows.io.output import _token_lists, rows_table
-from chainrows.io.rowgroups import RowGroupWriter
+from chainrows.lowering.columnar import build_batch
+from chainrows.lowering.output import _token_lists, rows_table
+from chainrows.lowering.rowgroups import RowGroupWriter
 from chainrows.formats.native.schema import rows_schema, tables_from_pylists
 from chainrows.options import Options
 from randomized import random_dataset
@@ -101,7 +101,7 @@ def test_decide_and_gather_equals_decide_then_gather(seed, plan, threads, token_
 @pytest.fixture(scope="module")
 def monkeypatch_buffers():
     """Every tokens chunk its own buffer (joins.MIN_BUFFER_BYTES: chunks smaller are joined)."""
-    from chainrows.io import joins
+    from chainrows.lowering import joins
 
     saved = joins.MIN_BUFFER_BYTES
     joins.MIN_BUFFER_BYTES = 1
@@ -203,7 +203,7 @@ def test_the_run_warm_up_loads_the_regather_kernels():
     import sys
 
     code = (
-        "from chainrows.bulk.plan import measure_footprint\n"
+        "from chainrows.runners.bulk.plan import measure_footprint\n"
         "from chainrows.engine import gather, verify\n"
         "from chainrows.options import Options\n"
         "measure_footprint(Options(), True)\n"

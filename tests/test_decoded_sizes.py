@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows import bulk
-from chainrows.bulk import plan as planner
+from chainrows.runners import bulk
+from chainrows.runners.bulk import plan as planner
 from chainrows.formats.native import dataset as dsmod
 from chainrows.formats.native import footers
 from chainrows.memory.budget import MIN_ROOM

@@ -239,7 +239,7 @@ def test_build_helper_thread_returns_and_raises_like_inline():
     error at the point the caller asks for it (so errors keep their order)."""
     import numba
 
-    from chainrows.io import columnar
+    from chainrows.lowering import columnar
     from chainrows.errors import InputError
 
     def boom(x):

@@ -1080,7 +1080,7 @@ def test_batch_validate_refuses_out_of_bounds_arrays(threads):
     import numba
 
     from chainrows.engine.run import decide
-    from chainrows.io.columnar import build_batch
+    from chainrows.lowering.columnar import build_batch
 
     if threads > numba.config.NUMBA_NUM_THREADS:
         pytest.skip(f"needs {threads} threads")
@@ -1166,7 +1166,7 @@ import copy, json
 import numpy as np
 from test_fuzz import base_data, build_tables
 from chainrows.engine.run import decide, gather_rows
-from chainrows.io.columnar import build_batch
+from chainrows.lowering.columnar import build_batch
 from chainrows.options import Options
 spec = json.loads({spec!r})
 tables = build_tables(base_data(spec["kind"], spec["seed"]))

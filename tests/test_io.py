@@ -29,7 +29,7 @@ from chainrows.formats.native.dataset import (
     table_schema,
 )
 from chainrows.errors import InputError
-from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
+from chainrows.lowering.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.formats.native.schema import (
     ACCEPTED_FIELD,
     LEDGER_SCHEMA,
@@ -943,7 +943,7 @@ def test_parts_writer_cuts_parts_by_content_whatever_the_arrival(tmp_path, encod
 def test_write_taken_writes_what_write_of_the_taken_rows_writes(tmp_path, encoders):
     """Rows handed over as (source, order), mixed with plain writes, groups spanning calls and
     sources of several chunks: the same part files, byte for byte, as writing the taken rows."""
-    from chainrows.io.take import take_rows
+    from chainrows.lowering.take import take_rows
 
     rows = _rows_table(60)
     lens = [i % 5 + 1 for i in range(60)]  # rows of different lengths and values: 2-6 units each
@@ -972,7 +972,7 @@ def test_write_taken_writes_what_write_of_the_taken_rows_writes(tmp_path, encode
 def test_parts_writer_fsyncs_each_finished_part_on_its_encoder(tmp_path, monkeypatch, sync_parts):
     import threading
 
-    from chainrows.io import rowgroups
+    from chainrows.lowering import rowgroups
 
     synced = []
     monkeypatch.setattr(rowgroups, "fsync_file", lambda path: synced.append(
@@ -1098,7 +1098,7 @@ def test_api_utf8_error_wins_over_a_join_error(monkeypatch, threads):
     """A join that fails while the UTF-8 checks still run gives way to the invalid string,
     which a serial run would have reported first; with valid strings the join's error stands."""
     from chainrows import reassemble
-    from chainrows.io import columnar
+    from chainrows.lowering import columnar
 
     def failing_join(*args):
         raise InputError("rollouts: a join failed")
@@ -1126,7 +1126,7 @@ def test_joins_beside_each_other_fail_in_serial_order(monkeypatch, threads):
     import itertools
 
     from chainrows import reassemble
-    from chainrows.io import columnar
+    from chainrows.lowering import columnar
 
     def failing(message):
         def step(*args):
@@ -1157,7 +1157,7 @@ def test_a_failed_build_leaves_nothing_on_the_helper_thread(monkeypatch):
     import threading
 
     from chainrows import reassemble
-    from chainrows.io import columnar
+    from chainrows.lowering import columnar
 
     finished = threading.Event()
     responses = columnar._responses_and_rewards

@@ -15,10 +15,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows import bulk
+from chainrows.runners import bulk
 from chainrows.api import run_tables
-from chainrows.bulk import plan as planner
-from chainrows.bulk import stream, windows
+from chainrows.runners.bulk import plan as planner
+from chainrows.runners.bulk import stream, windows
 from chainrows.formats.native import dataset as dsmod
 from chainrows.formats.native import footers, small_files
 from chainrows.arrays import coalesced

@@ -516,7 +516,7 @@ def _plant(report_run: Path) -> None:
     record gets the new size and digest (--resume reuses only runs as recorded)."""
     import json
 
-    from chainrows.bulk.runs import runs_record, write_run
+    from chainrows.runners.bulk.runs import runs_record, write_run
 
     with pa.OSFile(str(report_run)) as src:
         t = pa.ipc.open_file(src).read_all()

@@ -16,7 +16,7 @@ from chainrows.engine.slots import (
 from chainrows.engine.threads import run
 from chainrows.arrays import offsets_from_lengths
 from chainrows.errors import InputError
-from chainrows.io.joins import _ledger_lists
+from chainrows.lowering.joins import _ledger_lists
 
 KEYS = st.one_of(st.none(), st.lists(st.sampled_from([0, 1, 7, 2**63, 2**64 - 1]), max_size=4))
 IDS = st.one_of(st.none(), st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", ""])), max_size=4))

@@ -192,13 +192,13 @@ def test_fused_kernel_reuses_its_table_across_groups_of_different_sizes():
 
 
 def test_item_join_codes_and_identified_calls():
-    """join_items through build_batch (chainrows.io.joins.grouped_lookup): each item slot's code
+    """join_items through build_batch (chainrows.lowering.joins.grouped_lookup): each item slot's code
     is the first output slot with its id, NO_OUTPUT when no output has it, -1 when null; a call
     is identified iff one of its slots names an output id; out_ids and out_served per output."""
     from builders import RolloutBuilder, combine, message
 
     from chainrows.engine.batch import NO_OUTPUT
-    from chainrows.io.columnar import build_batch
+    from chainrows.lowering.columnar import build_batch
     from chainrows.formats.native.schema import tables_from_pylists
 
     first = RolloutBuilder("a-first")  # sorts first: the second rollout's slots start further on

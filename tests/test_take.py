@@ -12,8 +12,8 @@ from chainrows.engine import ragged
 from chainrows.engine.ragged import take_ragged, take_ragged_chunks
 from chainrows.engine.streamcopy import STREAM_MIN_BYTES
 from chainrows.io.background import BackgroundWriter
-from chainrows.io import take as take_module
-from chainrows.io.take import take_rows
+from chainrows.lowering import take as take_module
+from chainrows.lowering.take import take_rows
 
 
 # rows of a few values, and rows past streamcopy.STREAM_MIN_BYTES in every dtype, which
@@ -163,7 +163,7 @@ def test_take_rows_equals_arrow_take(list_type):
 def test_null_lists_covering_values_take_the_block_copy(value_type):
     """A null list may cover values (Arrow allows it; slicing and filtering make such arrays):
     the block copy keeps them under the null and still equals pyarrow's take logically."""
-    from chainrows.io import take
+    from chainrows.lowering import take
 
     values = pa.array([1, 2, 3, 4, 5, 6, 7]).cast(value_type)
     offsets = pa.array([0, 2, 5, 5, 7], pa.int32())
@@ -253,7 +253,7 @@ def test_background_writer_raises_the_threads_error_to_the_caller():
 def test_string_lists_of_a_few_rows_from_many_chunks_take_pyarrows_take():
     # a merge's row group: ~100 rows of short call_ids lists from ~44 chunks; the block copy's
     # per-chunk cost is then most of the take
-    from chainrows.io import take
+    from chainrows.lowering import take
 
     rows = [[f"c{i}", f"c{i + 1}"] for i in range(40 * 20)]
     table = pa.Table.from_batches(pa.table({"ids": pa.array(rows, pa.list_(pa.string()))}).to_batches(max_chunksize=20))
@@ -272,7 +272,7 @@ def test_string_lists_of_a_few_rows_from_many_chunks_take_pyarrows_take():
 
 
 def test_string_lists_take_the_block_copy_with_or_without_nulls():
-    from chainrows.io import take
+    from chainrows.lowering import take
 
     table = pa.table({"ids": pa.array([["a", "bc"], [], ["d"]] * 5, pa.list_(pa.string()))})
     calls = []

@@ -1,7 +1,7 @@
 """The floor under every ``--memory-budget``: what the process measures it needs before any
 data (interpreter, libraries, loaded kernels), plus the least room any command works in.
 
-Light on purpose (no engine import): ``reassemble`` (chainrows.bulk.plan) and ``import-gym``
+Light on purpose (no engine import): ``reassemble`` (chainrows.runners.bulk.plan) and ``import-gym``
 (chainrows.formats.gym.importer) both refuse a budget below the floor through :func:`check_budget`.
 """
 

@@ -26,7 +26,7 @@ def check_out(dataset: str, out: str, overwrite: bool) -> None:
     """The single-process overwrite policy (chainrows.outdir.atomic.check_destination) for a local
     OUT; for a URI OUT, a committed ``report`` is refused unless ``overwrite``."""
     from chainrows.outdir.atomic import OUTPUT_NAMES, OutputExistsError, check_destination
-    from chainrows.ray.source import locate
+    from chainrows.runners.ray.source import locate
 
     dst = locate(out)
     if dst.local:
@@ -47,7 +47,7 @@ def quiet_logs():
 
     Ray Data logs a failed task's error twice, each with its traceback (~135 lines), before the
     exception reaches the CLI, which prints its own one line: the InputError a task raised
-    (chainrows.ray.cluster.input_error_in), or a one-line internal error for a genuine Ray
+    (chainrows.runners.ray.cluster.input_error_in), or a one-line internal error for a genuine Ray
     failure. Ray Data reconfigures its loggers and handlers when a dataset runs, so their levels
     would not hold; ``logging.disable`` does. For the CLI's process only: the API leaves the
     caller's logging alone. The workers' output (e.g. a raylet's note that a task the abort
@@ -69,7 +69,7 @@ def _debug() -> bool:
 
 def cmd_reassemble_ray(a, options) -> int:
     """Run the Ray path for parsed ``reassemble`` arguments ``a``; print the summary."""
-    from chainrows.ray.job import run
+    from chainrows.runners.ray.job import run
 
     problem = usage_problem(a)
     if problem:
@@ -85,7 +85,7 @@ def cmd_reassemble_ray(a, options) -> int:
     except ImportError as exc:
         print(f"chainrows: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    from chainrows.stdout import print_summary
+    from chainrows.cli.stdout import print_summary
 
     print_summary(f"chainrows reassemble ({options.mode}) {a.dataset} -> {a.out}", summary.format())
     return 0

@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 
 from chainrows import reasons
 from chainrows.engine.run import Decisions, RowArrays
-from chainrows.io.columnar import Labels
+from chainrows.lowering.columnar import Labels
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 
 _MESSAGES = pa.array([m for _, m, _ in reasons.DETAILS], pa.string())

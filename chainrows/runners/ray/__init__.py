@@ -1,5 +1,5 @@
 """chainrows on a Ray cluster (``pip install 'chainrows[ray]'``): the same rows and report as
-the single-process run, decided by Ray Data tasks (chainrows.ray.job has the pipeline).
+the single-process run, decided by Ray Data tasks (chainrows.runners.ray.job has the pipeline).
 
 Modules: ``source`` (locations, input checks, the Ray Data datasource), ``route`` (group
 routing), ``tasks`` (what the tasks run), ``commit`` (staging and the atomic commit),
@@ -22,11 +22,11 @@ def reassemble(dataset, out, options=None, *, address: str | None = None, bucket
     ``plan="forest"``, ...). ``address``: None starts a local Ray (``num_cpus`` CPUs), ``"auto"``
     or ``"ray://host:port"`` joins a cluster. ``dataset`` and ``out`` are local paths (every node
     must see them at the same path) or URIs a pyarrow filesystem reads (``s3://...``).
-    Returns the run's :class:`chainrows.bulk.summary.Summary`. Raises
+    Returns the run's :class:`chainrows.runners.bulk.summary.Summary`. Raises
     :class:`chainrows.errors.InputError` on unusable input; a failed run commits nothing.
     """
     from chainrows.options import Options
-    from chainrows.ray.job import run
+    from chainrows.runners.ray.job import run
 
     return run(dataset, out, Options.of(options, **option_values), address=address, buckets=buckets,
                num_cpus=num_cpus, progress=progress)

@@ -3,7 +3,7 @@
 
 - ``memory``: read everything, decide once, write (the estimated peak fits);
 - ``stream``: read the three tables once, side by side, deciding each GRPO group as soon as
-  all its rows are read (chainrows.bulk.windows); each window's sorted output is a run;
+  all its rows are read (chainrows.runners.bulk.windows); each window's sorted output is a run;
 - ``spill``: hash-partition by group to disk, decide bucket by bucket (input whose groups
   complete too late for any window, e.g. token rows in random order).
 
@@ -29,18 +29,18 @@ from typing import Callable
 import pyarrow as pa
 
 from chainrows.api import Result, run_tables
-from chainrows.bulk import plan as planner
-from chainrows.bulk.runs import RunStore, kept_record, merge_tree, run_path
-from chainrows.bulk.spill import FINISHED, partition_once, reassemble_buckets, summary_of
-from chainrows.bulk.stream import stream_windows
-from chainrows.bulk.summary import Summary
-from chainrows.bulk.windows import plan_windows, scan
+from chainrows.runners.bulk import plan as planner
+from chainrows.runners.bulk.runs import RunStore, kept_record, merge_tree, run_path
+from chainrows.runners.bulk.spill import FINISHED, partition_once, reassemble_buckets, summary_of
+from chainrows.runners.bulk.stream import stream_windows
+from chainrows.runners.bulk.summary import Summary
+from chainrows.runners.bulk.windows import plan_windows, scan
 from chainrows.engine.threads import inherit_threads
 from chainrows.formats.native.dataset import TABLES, footer_totals, read_dataset, table_files, table_schema
 from chainrows.errors import InputError
 from chainrows.formats.native.footers import remembered
 from chainrows.memory.process import one_arrow_thread, process_peak_rss
-from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
+from chainrows.lowering.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.outdir.atomic import AtomicOutput, write_json_atomic
 from chainrows.options import Options
@@ -59,7 +59,7 @@ REPORT_ROW_BYTES = 256  # a report row in Arrow, ids and detail included (order 
 @dataclass(frozen=True)
 class Route:
     """The path a run takes, how many batches (windows or buckets), and why; a stream's
-    ``resident`` tables are read whole first (chainrows.bulk.windows). ``hold``: the bytes of
+    ``resident`` tables are read whole first (chainrows.runners.bulk.windows). ``hold``: the bytes of
     sorted runs a stream holds in memory until the merge (None: what its budget leaves,
     ``_hold_allowance``; 0: every run written to disk)."""
 

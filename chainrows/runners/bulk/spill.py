@@ -1,5 +1,5 @@
 """The spill pass, for input that no streaming window fits (e.g. token rows in random order):
-hash-partition the three tables by group into buckets on disk (chainrows.io.partition), then
+hash-partition the three tables by group into buckets on disk (chainrows.runners.bulk.partition), then
 reassemble bucket by bucket into sorted runs."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Callable
 
 from chainrows.api import Result
-from chainrows.bulk.runs import kept_record
-from chainrows.bulk.summary import Summary
+from chainrows.runners.bulk.runs import kept_record
+from chainrows.runners.bulk.summary import Summary
 from chainrows.formats.native.dataset import TABLES
 from chainrows.errors import writing
 from chainrows.memory.process import release_memory
-from chainrows.io.partition import SPILL_IPC, bucket_dir, partition, parts_intact, read_bucket
+from chainrows.runners.bulk.partition import SPILL_IPC, bucket_dir, partition, parts_intact, read_bucket
 from chainrows.outdir.atomic import write_json_atomic
 from chainrows.progress import Progress
 

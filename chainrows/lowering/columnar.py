@@ -1,6 +1,6 @@
 """Arrow tables (SPEC §2) -> the engine's Batch, in bulk: no Python loop per rollout or call.
 
-``build_batch`` runs the named joins of chainrows.io.joins in order and packs their arrays
+``build_batch`` runs the named joins of chainrows.lowering.joins in order and packs their arrays
 into a Batch. Rollouts get indices in byte order of their ids, so the engine's output is
 already sorted by rollout_id. With more than one thread (Numba's and Arrow's), a helper thread
 checks the tables' strings (UTF-8), makes the token and logprob buffers, takes the rollouts
@@ -22,9 +22,18 @@ from chainrows.engine.batch import Batch
 from chainrows.engine.select import build_candidates
 from chainrows.engine.threads import wait_out
 from chainrows.arrays import one_chunk
-from chainrows.io.joins import (
-    Records, bools, column_values, int64s, join_calls, join_items, join_responses, join_rewards,
-    join_rollouts, join_tokens, token_buffers,
+from chainrows.lowering.joins import (
+    Records,
+    bools,
+    column_values,
+    int64s,
+    join_calls,
+    join_items,
+    join_responses,
+    join_rewards,
+    join_rollouts,
+    join_tokens,
+    token_buffers,
 )
 
 

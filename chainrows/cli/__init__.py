@@ -5,7 +5,7 @@ error or the machine out of memory or disk (one line; set CHAINROWS_DEBUG=1 for 
 a failed write names the file), 130 interrupted, 143 terminated
 (SIGTERM, handled as an interrupt), 141 stdout closed by its reader (``| head``), as a tool killed
 by SIGPIPE; a summary that cannot be written to stdout otherwise (a full disk) is 1, one line
-saying the output is committed (chainrows.stdout). Every command that
+saying the output is committed (chainrows.cli.stdout). Every command that
 writes follows one overwrite policy (chainrows.outdir.atomic.check_destination): an OUT holding a
 complete result is refused unless ``--overwrite``; what an interrupted run left is resumed or
 replaced; OUT and the input never nest.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import re
 import signal
 import sys
 import threading
@@ -24,50 +23,16 @@ import time
 from pathlib import Path
 
 from chainrows import options
-from chainrows.stdout import StdoutError, detach_stdout, print_summary
+from chainrows.cli.gym import COMMANDS as GYM_COMMANDS  # argparse only, no heavy imports
+from chainrows.cli.gym import add_parsers as add_gym_parsers  # import-gym, export-gym
+from chainrows.cli.common import EPILOG, OVERWRITE_HELP, at_least_one, int_at_least, parse_size, tree_bytes, wrote
+from chainrows.cli.stdout import StdoutError, detach_stdout, print_summary
 
 DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
-EPILOG = ("exit codes: 0 ran (masked rollouts included), 2 unusable input or arguments (one line), "
-          "1 internal error or out of memory or disk (CHAINROWS_DEBUG=1 shows the traceback), 130 interrupted, 143 terminated, "
-          "141 stdout closed by its reader (e.g. | head). Commands run without transparent huge pages "
-          "(CHAINROWS_HUGE_PAGES=system keeps the system's setting; docs/limits.md). "
-          "The input format is docs/format.md, the reason codes docs/reasons.md.")
 COMPILING = "compiling kernels (first run; later runs load them from the cache)..."
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
-          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
-          "gib": 1 << 30, "tib": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """'4GiB', '512MB', '1e9' -> bytes."""
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 4GiB or 512MB)")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value < 1 << 20:
-        raise argparse.ArgumentTypeError(f"memory budget {text!r} is below 1 MiB")
-    return int(value)
-
-
-def _int_at_least(lowest: int, below: int | None = None):
-    """argparse type: an integer >= lowest (and < below when given)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < lowest or (below is not None and value >= below):
-            raise argparse.ArgumentTypeError(f"must be >= {lowest}" + (f" and < {below}" if below else ""))
-        return value
-
-    return parse
-
-
-_positive = _int_at_least(0)
-_at_least_one = _int_at_least(1)
-_seed = _int_at_least(0, 1 << 64)  # numpy's seed range
+_positive = int_at_least(0)
+_seed = int_at_least(0, 1 << 64)  # numpy's seed range
 
 
 def _rate(text: str) -> float:
@@ -109,9 +74,6 @@ def _usage_error(a, message: str):
     _Parser(prog=f"chainrows {a.command}").error(message)
 
 
-_OVERWRITE_HELP = "replace the result OUT already holds (without it such an OUT is refused)"
-
-
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="chainrows", description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--version", action="store_true", help="print the version and exit")
@@ -134,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("out", help="output directory (created if missing)")
     s.add_argument("--rollouts", type=_positive, default=1000, help="rollouts to write")
     s.add_argument("--seed", type=_seed, default=0, help="the same seed writes the same bytes")
-    s.add_argument("--group-size", type=_at_least_one, default=synth_defaults.group_size,
+    s.add_argument("--group-size", type=at_least_one, default=synth_defaults.group_size,
                    help=f"rollouts per GRPO group (default {synth_defaults.group_size})")
     s.add_argument("--compaction-rate", type=_rate, default=synth_defaults.compaction_rate,
                    help=f"chance a rollout has compactions (default {synth_defaults.compaction_rate})")
@@ -142,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"chance of rejected retries per accepted call (default {synth_defaults.retry_rate})")
     s.add_argument("--corrupt-rate", type=_rate, default=synth_defaults.corrupt_rate,
                    help=f"chance a rollout gets one corruption (default {synth_defaults.corrupt_rate})")
-    s.add_argument("--mean-gen-tokens", type=_at_least_one, default=synth_defaults.mean_gen_tokens,
+    s.add_argument("--mean-gen-tokens", type=at_least_one, default=synth_defaults.mean_gen_tokens,
                    help=f"mean generated tokens per call (default {synth_defaults.mean_gen_tokens})")
     s.add_argument("--worker-rate", type=_rate, default=synth_defaults.worker_rate,
                    help="share of rollouts whose sub-agent workers interleave their calls "
@@ -152,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
                         f"forest; default {synth_defaults.fork_rate}); with --worker-rate at most 1")
     s.add_argument("--no-logprobs", action="store_true", help="write no logprobs column")
     s.add_argument("--workers", type=_positive, default=1, help="generator processes (0: one per core; default 1)")
-    s.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+    s.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     j = sub.add_parser("import-jsonl", help="raw JSON Lines (docs/jsonl.md) -> a dataset",
                        description="Turn three JSON Lines files (docs/jsonl.md) into a dataset "
@@ -161,10 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("tokens", help="one JSON object per call: its delta tokens (and logprobs)")
     j.add_argument("results", help="one JSON object per rollout: group, reward, final output")
     j.add_argument("out", help="output dataset directory (created if missing)")
-    j.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
-
-    from chainrows.formats.gym.cli import add_parsers as add_gym_parsers  # import-gym, export-gym
-
+    j.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     add_gym_parsers(sub)
 
     st = sub.add_parser("stats", help="what a dataset holds, and what cc (linear and forest plan) recovers "
@@ -194,13 +153,13 @@ def _reassemble_options(r):
                    help="rollouts the baseline is taken over: all with a finite reward, or ok ones only")
     r.add_argument("--row-weight", choices=options.ROW_WEIGHTS, default="rollout",
                    help="rollout: 1 / rows of the rollout (each rollout counts once); row: 1.0")
-    r.add_argument("--buckets", type=_at_least_one, default=None, help=argparse.SUPPRESS)
-    r.add_argument("--steps", type=_at_least_one, default=None, help=argparse.SUPPRESS)
-    r.add_argument("--hold-runs", type=_int_at_least(0), default=None, help=argparse.SUPPRESS)  # bytes
+    r.add_argument("--buckets", type=at_least_one, default=None, help=argparse.SUPPRESS)
+    r.add_argument("--steps", type=at_least_one, default=None, help=argparse.SUPPRESS)
+    r.add_argument("--hold-runs", type=int_at_least(0), default=None, help=argparse.SUPPRESS)  # bytes
     r.add_argument("--resume", action="store_true",
                    help="reuse the finished work an interrupted run of the same dataset and options "
                         "left in OUT/.chainrows-work")
-    r.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+    r.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     r.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run on Ray Data (pip install 'chainrows[ray]'); no ADDRESS starts a local Ray, "
                         "'auto' or ray://host:port joins a cluster; OUT gets rows/ and report/ parts "
@@ -211,7 +170,7 @@ def _reassemble_options(r):
 def _run_options(r):
     r.add_argument("--memory-budget", type=parse_size, default=None,
                    help="peak memory of the whole process to stay under, e.g. 512MiB (default 4GiB)")
-    r.add_argument("--threads", type=_at_least_one, default=None, help="kernel threads (default: all cores)")
+    r.add_argument("--threads", type=at_least_one, default=None, help="kernel threads (default: all cores)")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars and notes on stderr (default: when stderr is a terminal)")
 
@@ -228,7 +187,7 @@ def _options(a) -> options.Options:
 def _forced_route(a):
     """--buckets / --steps (hidden, for tests and measurements) force a path; --hold-runs, the
     bytes of a forced stream's runs held in memory (default: what the budget leaves)."""
-    from chainrows.bulk import Route
+    from chainrows.runners.bulk import Route
 
     if a.hold_runs is not None and not a.steps:
         _usage_error(a, "--hold-runs needs --steps")
@@ -284,44 +243,21 @@ class _CompileNotice:
         return self._cm.__exit__(*exc)
 
 
-def _wrote(out, names) -> str:
-    """``OUT/rows/ (5.1 MB), OUT/report.parquet (20 KB)``: the outputs ``names`` as they
-    now are in ``out`` (a ``<name>/`` directory of parts counted whole)."""
-    from pathlib import Path
-
-    from chainrows.progress import human_bytes
-
-    parts = []
-    for name in names:
-        for path in (Path(out) / f"{name}.parquet", Path(out) / name):
-            if path.exists():
-                parts.append(f"{path}{'/' if path.is_dir() else ''} ({human_bytes(_size(path))})")
-                break
-    return ", ".join(parts)
-
-
-def _size(path) -> int:
-    """Bytes of a file, or of every file under a directory."""
-    if not os.path.isdir(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
-
-
 def _resuming(a) -> bool:
     """--resume with finished work of an interrupted run in OUT: that run may have been
     replacing a complete result, which the resumed run goes on replacing."""
-    from chainrows.bulk.job import WORK_DIR
+    from chainrows.runners.bulk.job import WORK_DIR
 
     return a.resume and os.path.isdir(os.path.join(a.out, WORK_DIR))
 
 
 def cmd_reassemble(a) -> int:
-    from chainrows import bulk
+    from chainrows.runners import bulk
     from chainrows.outdir.atomic import OUTPUT_NAMES, check_destination
 
     opts = _options(a)
     if a.ray is not None:  # the same run on a Ray cluster
-        from chainrows.ray.cli import cmd_reassemble_ray
+        from chainrows.cli.ray import cmd_reassemble_ray
 
         return cmd_reassemble_ray(a, opts)
     check_destination(a.out, OUTPUT_NAMES, inputs=[a.dataset], overwrite=a.overwrite or _resuming(a))
@@ -331,7 +267,7 @@ def cmd_reassemble(a) -> int:
                            route=_forced_route(a), resume=a.resume, progress=a.progress)
     # kernels compiled after the warm-up (none known today) stay out of the throughput too
     summary.compile_seconds = max(summary.compile_seconds, compiling.seconds)
-    print_summary(f"chainrows reassemble ({a.mode}) {a.dataset} -> {a.out}", f"wrote {_wrote(a.out, OUTPUT_NAMES)}",
+    print_summary(f"chainrows reassemble ({a.mode}) {a.dataset} -> {a.out}", f"wrote {wrote(a.out, OUTPUT_NAMES)}",
                   summary.format())
     return 0
 
@@ -369,7 +305,7 @@ def cmd_synth(a) -> int:
                                logprobs=not a.no_logprobs, workers=a.workers or None,
                                overwrite=a.overwrite)
     dt = time.perf_counter() - t0
-    lines = [f"chainrows synth -> {a.out}", f"wrote {_wrote(a.out, TABLES)}", f"{'rollouts':<10} {info['rollouts']:,}",
+    lines = [f"chainrows synth -> {a.out}", f"wrote {wrote(a.out, TABLES)}", f"{'rollouts':<10} {info['rollouts']:,}",
              f"{'corrupt':<10} {info['corrupt']:,}" + (f": {_synth_masks(info['kinds'])}" if info["corrupt"] else "")]
     if a.worker_rate or a.fork_rate:
         lines.append(f"{'':<10} workers and forks: broken_chain under --plan linear, ok under --plan forest")
@@ -389,7 +325,7 @@ def cmd_import_jsonl(a) -> int:
     t0 = time.perf_counter()
     ledger, tokens, rollouts = import_jsonl(a.ledger, a.tokens, a.results)
     write_dataset_atomic(a.out, ledger, tokens, rollouts)
-    print_summary(f"chainrows import-jsonl -> {a.out}", f"wrote {_wrote(a.out, TABLES)}",
+    print_summary(f"chainrows import-jsonl -> {a.out}", f"wrote {wrote(a.out, TABLES)}",
                   f"{'rollouts':<10} {rollouts.num_rows:,}\n{'calls':<10} {ledger.num_rows:,}\n"
                   f"{'tokens':<10} {tokens.num_rows:,} rows\n{'time':<10} {time.perf_counter() - t0:.2f} s")
     return 0
@@ -398,7 +334,7 @@ def cmd_import_jsonl(a) -> int:
 def cmd_stats(a) -> int:
     import tempfile
 
-    from chainrows import bulk
+    from chainrows.runners import bulk
 
     _set_threads(a.threads)
     budget = a.memory_budget or bulk.DEFAULT_BUDGET
@@ -433,10 +369,7 @@ def cmd_stats(a) -> int:
 
 COMMANDS = {"reassemble": cmd_reassemble, "synth": cmd_synth, "import-jsonl": cmd_import_jsonl,
             "stats": cmd_stats}
-
-from chainrows.formats.gym.cli import COMMANDS as _GYM_COMMANDS  # noqa: E402 (argparse only, no heavy imports)
-
-COMMANDS.update(_GYM_COMMANDS)
+COMMANDS.update(GYM_COMMANDS)
 
 
 class Terminated(KeyboardInterrupt):
@@ -655,7 +588,7 @@ def _work_dir(a) -> str | None:
     """OUT/.chainrows-work of a single-process reassemble (where --resume finds its work)."""
     if a.command != "reassemble" or getattr(a, "ray", None) is not None:
         return None
-    from chainrows.bulk.job import WORK_DIR
+    from chainrows.runners.bulk.job import WORK_DIR
 
     return os.path.join(a.out, WORK_DIR)
 
@@ -671,12 +604,12 @@ def _left_behind(a) -> str:
             return ""
         from pathlib import Path
 
-        from chainrows.bulk.job import holds_finished_work
+        from chainrows.runners.bulk.job import holds_finished_work
         from chainrows.progress import human_bytes
 
         if not holds_finished_work(Path(work)):
             return ""
-        size = human_bytes(_size(work))
+        size = human_bytes(tree_bytes(work))
     except Exception:  # noqa: BLE001
         return ""
     return f"; {work} keeps {size} of finished work: run the same command with --resume to reuse it, or delete it"

@@ -28,7 +28,7 @@ from chainrows.outdir.digest import file_digest
 from chainrows.formats.native.dataset import TABLES, footer_totals, iter_table_batches, table_schema
 from chainrows.errors import InputError, writing
 from chainrows.memory.process import release_memory
-from chainrows.io.take import take_rows
+from chainrows.lowering.take import take_rows
 
 SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)  # when disk is short
 PLAIN_IPC = pa.ipc.IpcWriteOptions(compression=None, use_threads=False)

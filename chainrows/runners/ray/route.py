@@ -1,7 +1,7 @@
 """Routing rows so that every GRPO group is decided whole by one task, and taking a task's rows
 apart again into the three SPEC §2 tables in their original read order.
 
-Two keys, both stable hashes (:func:`chainrows.io.partition.string_hashes`):
+Two keys, both stable hashes (:func:`chainrows.runners.bulk.partition.string_hashes`):
 
 1. ``_rkey`` = hash(rollout_id) mod P, set by the read tasks: every row of one rollout, from all
    three tables, meets in one routing task;
@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.formats.native.dataset import TABLES
-from chainrows.io.partition import string_hashes
-from chainrows.ray.source import RKEY_COL, SEQ_COL, TABLE_COL, TAG, TableFiles
+from chainrows.runners.bulk.partition import string_hashes
+from chainrows.runners.ray.source import RKEY_COL, SEQ_COL, TABLE_COL, TAG, TableFiles
 
 BUCKET_COL = "_bucket"
 

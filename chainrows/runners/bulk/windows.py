@@ -30,9 +30,9 @@ import pyarrow.compute as pc
 from chainrows.engine.dense import dense_codes
 from chainrows.arrays import coalesced
 from chainrows.formats.native.dataset import iter_table_batches
-from chainrows.io.joins import MIN_BUFFER_BYTES
-from chainrows.io.partition import collision_error, string_hashes
-from chainrows.io.take import take_rows
+from chainrows.lowering.joins import MIN_BUFFER_BYTES
+from chainrows.runners.bulk.partition import collision_error, string_hashes
+from chainrows.lowering.take import take_rows
 
 LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (order of magnitude)
 ROLLOUT_ROW_BYTES = 200
@@ -229,10 +229,10 @@ def plan_windows(sc: Scan, steps: int, resident: tuple[str, ...] = ()) -> Window
 
 def take(table: pa.Table, idx: np.ndarray, *, slices: bool = False) -> pa.Table:
     """Rows ``idx`` (increasing) of ``table``: a slice when they are contiguous, else a block
-    copy per row (chainrows.io.take). With ``slices``, rows that are nearly all of ``table``
+    copy per row (chainrows.lowering.take). With ``slices``, rows that are nearly all of ``table``
     (all but at most 1 / SLICE_SPARE of its rows) and form runs of at least MIN_BUFFER_BYTES on
     average (estimated from ``table``'s bytes per row; the engine uses chunks that size in
-    place and merges smaller ones, chainrows.io.joins) are instead zero-copy slices, one chunk
+    place and merges smaller ones, chainrows.lowering.joins) are instead zero-copy slices, one chunk
     per run: they keep all of ``table``'s buffers alive as long as they are, which the first
     condition keeps to little more than the rows taken."""
     if len(idx) == table.num_rows:

@@ -26,7 +26,7 @@ from chainrows.formats.native import dataset as dsio
 from chainrows.formats.native.dataset import CANONICAL, TABLES, check_schema, normalize, plan_table
 from chainrows.errors import InputError
 from chainrows.formats.native.footers import reading
-from chainrows.io.partition import string_hashes
+from chainrows.runners.bulk.partition import string_hashes
 
 TAG = {name: i for i, name in enumerate(TABLES)}  # ledger 0, tokens 1, rollouts 2
 ROW_BITS = 40  # _seq = file index << ROW_BITS | row in file: the input's read order

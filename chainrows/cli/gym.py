@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import time
 
+from chainrows.cli.common import EPILOG, OVERWRITE_HELP, at_least_one, parse_size, wrote
+
 
 def add_parsers(sub) -> None:
     """Add both subcommands to chainrows.cli's subparsers."""
-    from chainrows.cli import _OVERWRITE_HELP, EPILOG, _at_least_one, parse_size
-
     i = sub.add_parser("import-gym", help="NeMo Gym dump -> a verified dataset (docs/gym.md)",
                        description="Verify every staged call of a NeMo Gym dump against its record "
                                    "(digests, hashes, mask) and write a dataset (docs/format.md); a "
@@ -23,9 +23,9 @@ def add_parsers(sub) -> None:
     i.add_argument("--memory-budget", type=parse_size, default=None,
                    help="peak memory to stay under, e.g. 4GiB (default 2GiB); a larger dump is "
                         "imported in buckets of rollouts")
-    i.add_argument("--threads", type=_at_least_one, default=None, help="hashing threads (default: all cores)")
-    i.add_argument("--buckets", type=_at_least_one, default=None, help=argparse.SUPPRESS)  # tests
-    i.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+    i.add_argument("--threads", type=at_least_one, default=None, help="hashing threads (default: all cores)")
+    i.add_argument("--buckets", type=at_least_one, default=None, help=argparse.SUPPRESS)  # tests
+    i.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     e = sub.add_parser("export-gym", help="raw JSON Lines (docs/jsonl.md) -> a NeMo Gym dump",
                        description="Read the three raw JSON Lines files that import-jsonl reads (docs/jsonl.md) "
                                    "and write them as a NeMo Gym dump, with real digests and fingerprints "
@@ -35,7 +35,7 @@ def add_parsers(sub) -> None:
     e.add_argument("tokens", help="one JSON object per call: its delta tokens (and logprobs)")
     e.add_argument("results", help="one JSON object per rollout: group, reward, final output")
     e.add_argument("out", metavar="DUMP", help="output dump directory (created if missing)")
-    e.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+    e.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
 def cmd_import_gym(a: argparse.Namespace) -> int:
@@ -47,10 +47,9 @@ def cmd_import_gym(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     summary = import_gym(a.dump, a.out, memory_budget=a.memory_budget or DEFAULT_BUDGET, threads=a.threads,
                          buckets=a.buckets)
-    from chainrows.cli import _wrote
-    from chainrows.stdout import print_summary
+    from chainrows.cli.stdout import print_summary
 
-    print_summary(f"chainrows import-gym {a.dump} -> {a.out}", f"wrote {_wrote(a.out, TABLES)}", summary.format(),
+    print_summary(f"chainrows import-gym {a.dump} -> {a.out}", f"wrote {wrote(a.out, TABLES)}", summary.format(),
                   f"{'time':<22} {time.perf_counter() - t0:.2f} s")
     return 0
 
@@ -69,7 +68,7 @@ def cmd_export_gym(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     counts = export_gym(a.ledger, a.tokens, a.results, a.out)
     from chainrows.progress import human_bytes
-    from chainrows.stdout import print_summary
+    from chainrows.cli.stdout import print_summary
 
     print_summary(f"chainrows export-gym -> {a.out}",
                   "wrote " + ", ".join(f"{out / n} ({human_bytes((out / n).stat().st_size)})"

@@ -36,7 +36,7 @@ from chainrows.arrays import (
     string_parts,
 )
 from chainrows.errors import InputError
-from chainrows.io.take import take_rows
+from chainrows.lowering.take import take_rows
 
 
 @dataclass(frozen=True)

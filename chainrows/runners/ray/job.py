@@ -22,15 +22,15 @@ import time
 import pyarrow.fs as pafs
 
 from chainrows.api import run_tables
-from chainrows.bulk.summary import Summary
+from chainrows.runners.bulk.summary import Summary
 from chainrows.formats.native.dataset import Totals
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.options import Options
-from chainrows.ray import tasks
-from chainrows.ray.cluster import connected, input_error_in
-from chainrows.ray.commit import Staging
-from chainrows.ray.route import BUCKET_COL
-from chainrows.ray.source import RKEY_COL, Location, check_tables, datasource, locate
+from chainrows.runners.ray import tasks
+from chainrows.runners.ray.cluster import connected, input_error_in
+from chainrows.runners.ray.commit import Staging
+from chainrows.runners.ray.route import BUCKET_COL
+from chainrows.runners.ray.source import RKEY_COL, Location, check_tables, datasource, locate
 
 BUCKET_BYTES = 256 << 20  # decoded input per decide task (footer estimate): the engine holds a few times this
 TASKS_PER_CPU = 2
@@ -48,7 +48,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     default). ``engine(ledger, tokens, rollouts, options)``: the in-memory engine each task runs
     (a seam for tests). ``records``: a list that receives one dict per decide task (bucket,
     bytes in and out, seconds), for measurements. ``worker_logs``: copy the workers' output to
-    this process's stderr (chainrows.ray.cluster.connected).
+    this process's stderr (chainrows.runners.ray.cluster.connected).
 
     Unusable input raises InputError (the single-process messages), before Ray starts when the
     footers tell. On any error nothing is committed and earlier outputs stay.

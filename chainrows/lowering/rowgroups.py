@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from chainrows.errors import writing
-from chainrows.io.take import take_rows
+from chainrows.lowering.take import take_rows
 from chainrows.outdir.parquet import WRITE_OPTIONS
 from chainrows.outdir.atomic import fsync_file
 

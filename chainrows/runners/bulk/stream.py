@@ -1,5 +1,5 @@
 """The streaming pass: read the three tables once, side by side, and decide each GRPO group
-as soon as all of its rows have been read (chainrows.bulk.windows has the plan)."""
+as soon as all of its rows have been read (chainrows.runners.bulk.windows has the plan)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from chainrows.bulk.windows import WindowPlan, take
+from chainrows.runners.bulk.windows import WindowPlan, take
 from chainrows.engine.threads import inherit_threads
 from chainrows.formats.native.dataset import TABLES, iter_table_batches
 from chainrows.errors import InputError

@@ -21,9 +21,9 @@ import pyarrow.compute as pc
 from chainrows.outdir.digest import file_digest
 from chainrows.errors import writing
 from chainrows.memory.process import release_memory
-from chainrows.io.partition import SPILL_IPC as IPC_OPTIONS
-from chainrows.io.partition import open_mapped
-from chainrows.io.take import take_rows
+from chainrows.runners.bulk.partition import SPILL_IPC as IPC_OPTIONS
+from chainrows.runners.bulk.partition import open_mapped
+from chainrows.lowering.take import take_rows
 
 RUN_SUFFIX = ".arrow"
 RUN_TABLES = ("rows", "report")

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 
 from chainrows.memory.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
-from chainrows.bulk.windows import KEPT_TABLES, SCAN_BATCH_ROWS
+from chainrows.runners.bulk.windows import KEPT_TABLES, SCAN_BATCH_ROWS
 from chainrows.formats.native.dataset import TABLES, Totals, footer_totals, plan_table, plan_totals
-from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
+from chainrows.runners.bulk.partition import PLAIN_IPC, SPILL_IPC
 from chainrows.formats.native.small_files import many_small_files
 from chainrows.options import Options
 
@@ -41,10 +41,10 @@ def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
     """Load every kernel with a two-call reassembly (compiling them on a cold cache), then read
     the process's resident set."""
     from chainrows import api
-    from chainrows.bulk.warmup import tiny_tables
+    from chainrows.runners.bulk.warmup import tiny_tables
     from chainrows.engine.run import decide, gather_rows
-    from chainrows.io.columnar import build_batch
-    from chainrows.io.partition import string_hashes
+    from chainrows.lowering.columnar import build_batch
+    from chainrows.runners.bulk.partition import string_hashes
 
     def load_kernels():
         tables = tiny_tables(has_logprobs)

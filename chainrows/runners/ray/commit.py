@@ -21,7 +21,7 @@ from typing import Iterable
 import pyarrow.fs as pafs
 
 from chainrows.outdir.atomic import OUTPUT_NAMES, PART_DIGITS, AtomicOutput
-from chainrows.ray.source import Location
+from chainrows.runners.ray.source import Location
 
 STAGE_PREFIX = ".chainrows-tmp-ray-"
 

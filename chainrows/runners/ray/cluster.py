@@ -6,7 +6,7 @@ import contextlib
 import logging
 
 from chainrows.errors import InputError
-from chainrows.ray.source import ONE_LINE
+from chainrows.runners.ray.source import ONE_LINE
 
 INSTALL_HINT = "the --ray path needs Ray Data: pip install 'chainrows[ray]'"
 
@@ -34,7 +34,7 @@ def connected(address: str | None, num_cpus: int | None = None, *, worker_logs: 
         yield ray
         return
     # Ray's INFO lines would bury chainrows' own output (the CLI hides its warnings too while a
-    # job runs: chainrows.ray.cli.quiet_logs); its progress bars stay
+    # job runs: chainrows.cli.ray.quiet_logs); its progress bars stay
     kwargs = {"include_dashboard": False, "log_to_driver": worker_logs, "logging_level": logging.WARNING}
     if address is None:
         ray.init(address="local", num_cpus=num_cpus, **kwargs)
@@ -52,7 +52,7 @@ def input_error_in(exc: BaseException) -> InputError | None:
     """The InputError a Ray task raised, found in the chain Ray wraps it in (RayTaskError,
     Ray Data's retry wrapper, ``cause``, ``__cause__``, ``__context__``), or None. Ray Data
     appends a note to its args; the message the task saw is kept in an attribute (set where
-    the task raised it, chainrows.ray.source), else the shortest text found is taken."""
+    the task raised it, chainrows.runners.ray.source), else the shortest text found is taken."""
     seen, todo, found = set(), [exc], []
     while todo:
         e = todo.pop()
