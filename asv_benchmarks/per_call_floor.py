@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from asv_benchmarks import common
 from asv_benchmarks.bulk_shapes import id_string_columns, output_list_bytes
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.strjoin import _hash
 from chainrows.engine.verify import _max_abs_bits
 from chainrows.engine.xxh3 import xxh3_64_tokens

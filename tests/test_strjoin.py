@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chainrows.engine.batch import readonly
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.strjoin import (
     _hash, _same, index_groups, index_groups_py, join_groups, new_tables, probe_groups, probe_groups_py, table_offsets,
 )

@@ -1,4 +1,4 @@
-"""take_ragged / take_rows against their plain definitions, and the background writer."""
+"""take_ragged / take_rows against their plain definitions."""
 
 import numpy as np
 import pyarrow as pa
@@ -11,7 +11,6 @@ from unittest import mock
 from chainrows.engine import ragged
 from chainrows.engine.ragged import take_ragged, take_ragged_chunks
 from chainrows.engine.streamcopy import STREAM_MIN_BYTES
-from chainrows.io.background import BackgroundWriter
 from chainrows.lowering import take as take_module
 from chainrows.lowering.take import take_rows
 
@@ -213,41 +212,6 @@ def _check_string_list_take(rows, data, list_type, string_type, chunk, null_stri
     assert got.schema == want.schema
     assert got.to_pylist() == want.to_pylist()
     got.validate(full=True)
-
-
-class _ListWriter:
-    def __init__(self, fail_on=None):
-        self.tables, self.closed, self.fail_on = [], 0, fail_on
-
-    def write(self, t):
-        if len(self.tables) == self.fail_on:
-            raise OSError("disk full")
-        self.tables.append(t)
-
-    def close(self):
-        self.closed += 1
-
-    def __exit__(self, *exc):
-        self.closed += 1
-
-
-def test_background_writer_writes_in_order_and_closes_once():
-    inner = _ListWriter()
-    with BackgroundWriter(inner) as w:
-        for i in range(20):
-            w.write(i)
-    w.close()
-    assert inner.tables == list(range(20)) and inner.closed == 1
-
-
-def test_background_writer_raises_the_threads_error_to_the_caller():
-    inner = _ListWriter(fail_on=3)
-    w = BackgroundWriter(inner)
-    with pytest.raises(OSError, match="disk full"):
-        for i in range(50):
-            w.write(i)
-        w.close()
-    assert inner.tables == [0, 1, 2]
 
 
 def test_string_lists_of_a_few_rows_from_many_chunks_take_pyarrows_take():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.chunks import even_chunks
 from chainrows.engine.threads import run
 

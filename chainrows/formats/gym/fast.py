@@ -48,7 +48,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.formats.jsonl.lines import SURROGATE, has_lone_surrogate
 
 BLOCK_BYTES = 8 << 20  # lines handed to the kernel at a time
