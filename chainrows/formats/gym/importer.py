@@ -37,7 +37,8 @@ from chainrows.formats.gym.records import (
     staged_key,
     staged_lines,
 )
-from chainrows.formats.gym.verify import Checked, Verifier, xxh3_chain
+from chainrows.formats.gym.verify import Checked, Verifier
+from chainrows.formats.native.hashing import chain_hash
 from chainrows.formats.native.schema import (
     ACCEPTED_FIELD,
     INTEGRITY_FIELD,
@@ -268,7 +269,7 @@ def _xxh3_of(rid: str, rec, by_id: dict, checked: dict, memo: dict) -> int:
         return 0
     parent = by_id.get(rec.parent_call_id) if rec.parent_call_id is not None else None
     seed = _xxh3_of(rid, parent, by_id, checked, memo) if parent is not None else 0
-    memo[rec.model_call_id] = value = xxh3_chain(item.tokens, seed)
+    memo[rec.model_call_id] = value = chain_hash(item.tokens, seed)
     return value
 
 

@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-import xxhash
 
 from chainrows.formats.gym import wire as W
 from chainrows.formats.gym.records import SHARED, CallRecord, StagedCall
@@ -318,8 +317,3 @@ class _Jobs:
 
 def _hash_chunk(chunk: list) -> list:
     return [W.hash_parts(tag, parts) for _, tag, parts in chunk]
-
-
-def xxh3_chain(tokens32: np.ndarray, seed: int) -> int:
-    """SPEC §2 ledger.chain_hash of a delta: XXH3-64 over little-endian int32, seeded."""
-    return xxhash.xxh3_64_intdigest(tokens32.astype("<i4", copy=False).tobytes(), seed)
