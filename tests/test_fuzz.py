@@ -5,7 +5,7 @@ Every case ends in one of two ways, and the tests check which one is right:
 
 - the input is usable (SPEC §2): exit 0, and the output equals what ``chainrows.reference`` (the
   pure-Python oracle) decides on the tables as the reader returns them, row for row, masks and
-  reason codes included, and ``chainrows.check.reconcile`` finds nothing;
+  reason codes included, and ``chainrows.testing.reconcile.reconcile`` finds nothing;
 - the input is unusable: exit 2 and exactly one line on stderr, ``chainrows: error: ...``,
   naming the table and (where there is one) the column or the file.
 
@@ -57,7 +57,7 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 from chainrows import reassemble, reference
-from chainrows.check import reconcile
+from chainrows.testing.reconcile import reconcile
 from chainrows.formats.native.dataset import read_dataset
 from chainrows.errors import InputError
 from chainrows.formats.native.schema import (
@@ -907,9 +907,9 @@ def test_cli_hostile_tables(cli, tmp_path_factory, data):
 
 def _normalized(tables: dict):
     """The tables as the reader would return them (null lists -> empty etc.), for the oracle."""
-    from chainrows.formats.native.dataset import Dataset, check_schema, normalize
+    from chainrows.formats.native.dataset import Dataset, validate_schema, normalize
 
-    out = {n: normalize(n, t, check_schema(n, t.schema)) for n, t in tables.items()}
+    out = {n: normalize(n, t, validate_schema(n, t.schema)) for n, t in tables.items()}
     return Dataset(out["ledger"], out["tokens"], out["rollouts"], {})
 
 
