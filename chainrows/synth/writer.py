@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from chainrows.formats.native.dataset import TABLES
 from chainrows.errors import writing
 from chainrows.outdir.atomic import AtomicOutput, check_destination
-from chainrows.synth.batches import _iter
+from chainrows.synth.batches import iter_tables
 from chainrows.synth.params import DEFAULT_BATCH_ROLLOUTS, DEFAULTS
 from chainrows.synth.tables import tables_schemas
 
@@ -54,7 +54,7 @@ def write_synth_dataset(
             for path, schema in zip(paths, schemas):
                 with writing(path):
                     writers.append(stack.enter_context(pq.ParquetWriter(path, schema, compression=compression)))
-            for tables, stats in _iter(n_rollouts, seed, batch_rollouts, kw, workers):
+            for tables, stats in iter_tables(n_rollouts, seed, batch_rollouts, kw, workers):
                 for path, w, t in zip(paths, writers, tables):
                     with writing(path):
                         w.write_table(t)
