@@ -20,7 +20,7 @@ from chainrows.formats.native import dataset as dsmod
 from chainrows.outdir import atomic as wmod
 from chainrows.formats.native.dataset import (
     Dataset,
-    check_schema,
+    validate_schema,
     iter_table_batches,
     plan_table,
     read_dataset,
@@ -258,7 +258,7 @@ def test_corrupt_data_pages_after_good_footer(tmp_path):
     path = tmp_path / "ledger.parquet"
     pq.write_table(ledger, path, compression="zstd")
     scribble_pages(path)
-    assert check_schema("ledger", pq.read_schema(path), path)  # footer still fine
+    assert validate_schema("ledger", pq.read_schema(path), path)  # footer still fine
     msg = _err(read_table, tmp_path, "ledger")
     assert msg.startswith("ledger: unreadable Parquet file: ") and msg.endswith(f"(file {path})")
     msg = _err(lambda: list(iter_table_batches(tmp_path, "ledger")))
@@ -583,7 +583,7 @@ def test_large_offset_fallback_keeps_large_types(ds_dir, monkeypatch):
 
 
 def test_plan_and_check_schema_return_present_columns(ds_dir):
-    present = check_schema("tokens", pq.read_schema(ds_dir / "tokens.parquet"), "f")
+    present = validate_schema("tokens", pq.read_schema(ds_dir / "tokens.parquet"), "f")
     assert present == ["rollout_id", "call_id", "tokens", "logprobs"]
     plan = plan_table(ds_dir, "rollouts")
     assert plan.columns == ROLLOUTS_SCHEMA.names and plan.schema == ROLLOUTS_SCHEMA
@@ -1035,7 +1035,7 @@ def _serial_error(tables) -> str:
     before any join: the order build_batch promises whatever runs on its helper thread."""
     for name, t in zip(("ledger", "tokens", "rollouts"), tables):
         try:
-            dsmod.normalize(name, t, check_schema(name, t.schema))
+            dsmod.normalize(name, t, validate_schema(name, t.schema))
         except (InputError, UnicodeDecodeError) as exc:
             return str(exc)
     return ""
@@ -1295,7 +1295,7 @@ def test_normalize_checks_string_offsets_before_handing_the_table_on(form):
     ledger = _tables()[0]
     column, arr = _offsets_form(ledger, form)
     t = _replace_column(ledger, column, arr)
-    columns = check_schema("ledger", t.schema)
+    columns = validate_schema("ledger", t.schema)
     called = []
     hook = lambda *args: called.append(args[0])  # noqa: E731
     if form in ("unreferenced", "odd_buffer"):

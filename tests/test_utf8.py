@@ -133,7 +133,7 @@ def test_an_empty_chunk_arrow_refuses_is_an_input_error_not_a_crash():
                                                    pa.py_buffer(b"")])
     table = pa.table({"rollout_id": pa.chunked_array([good, empty])})
     with pytest.raises(InputError, match="'rollout_id' has an empty chunk that is not a valid array"):
-        dsmod.check_utf8("rollouts", None, table)
+        dsmod.validate_utf8("rollouts", None, table)
 
 
 def test_quick_way_refuses_what_full_validation_refuses_beyond_the_bytes():

@@ -239,7 +239,7 @@ class _Utf8Checks:
     joins compare ids as bytes and never decode them, so they may run on strings not yet
     checked (an error message that decodes one, a null check's, is replaced anyway); what
     they do need, offsets that stay inside their buffers, ``normalize`` checks before the
-    table is used (``check_offsets``: Arrow's full validation was the only check of it). With
+    table is used (``validate_offsets``: Arrow's full validation was the only check of it). With
     one thread the checks run when :meth:`first_error` asks for them, after the joins."""
 
     def __init__(self, handed: _Handed):
@@ -247,9 +247,9 @@ class _Utf8Checks:
         self._pending = []
 
     def __call__(self, name, file, table, row0):
-        from chainrows.formats.native.dataset import check_utf8
+        from chainrows.formats.native.dataset import validate_utf8
 
-        self._pending.append(self._handed.submit(check_utf8, name, file, table, row0))
+        self._pending.append(self._handed.submit(validate_utf8, name, file, table, row0))
 
     def first_error(self) -> Exception | None:
         """The error of the first submitted check that fails, in submission order, or None
@@ -259,8 +259,8 @@ class _Utf8Checks:
 
 
 def _canonical(name: str, table, utf8_check=None) -> pa.Table:
-    from chainrows.formats.native.dataset import check_schema, normalize
+    from chainrows.formats.native.dataset import validate_schema, normalize
 
     if not isinstance(table, pa.Table):
         raise TypeError(f"{name}: expected a pyarrow.Table, got {type(table).__name__}")
-    return normalize(name, table, check_schema(name, table.schema), utf8_check=utf8_check)
+    return normalize(name, table, validate_schema(name, table.schema), utf8_check=utf8_check)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -164,7 +164,7 @@ def _type_name(t: pa.DataType) -> str:
     return str(t)
 
 
-def check_schema(name: str, schema: pa.Schema, file: str | os.PathLike | None = None,
+def validate_schema(name: str, schema: pa.Schema, file: str | os.PathLike | None = None,
                  columns: Sequence[str] | None = None) -> list[str]:
     """Check one file's Arrow schema against the SPEC §2 rules for table ``name``.
 
@@ -241,8 +241,8 @@ def plan_table(dataset_dir: str | os.PathLike, name: str,
     facts = [file_facts(name, f) for f in files]
     present, last = [], None  # last: (schema, its present columns), for runs of one schema
     for f, fa in zip(files, facts):
-        if last is None or not fa.schema.equals(last[0]):  # metadata aside: check_schema ignores it
-            last = (fa.schema, check_schema(name, fa.schema, f, columns))
+        if last is None or not fa.schema.equals(last[0]):  # metadata aside: validate_schema ignores it
+            last = (fa.schema, validate_schema(name, fa.schema, f, columns))
         present.append(last[1])
     wanted = _wanted(name, columns)
     out = [c for c in wanted if c not in OPTIONAL[name] or any(c in p for p in present)]
@@ -438,24 +438,24 @@ def _offsets_ok(arr: pa.Array) -> bool:
     return _valid_utf8(arr)  # another string type: its full validation, here and now
 
 
-def check_offsets(name, file, table: pa.Table, row0: int = 0) -> None:
+def validate_offsets(name, file, table: pa.Table, row0: int = 0) -> None:
     """Every string column's offsets are safe to read (:func:`_offsets_ok`), so joins and
-    Arrow's compute functions may run before :func:`check_utf8` does. A column that fails gets
-    :func:`check_utf8` at once, whose error it would have raised (full validation covers the
+    Arrow's compute functions may run before :func:`validate_utf8` does. A column that fails gets
+    :func:`validate_utf8` at once, whose error it would have raised (full validation covers the
     offsets); the fallback message below is for a failure that one does not see."""
     for col_name in table.column_names:
         col = table.column(col_name)
         if _has_strings(col.type) and not all(_offsets_ok(chunk) for chunk in col.chunks):
-            check_utf8(name, file, table, row0)
+            validate_utf8(name, file, table, row0)
             raise InputError(f"column {col_name!r} has string offsets outside its data", table=name,
                              file=file, column=col_name)
 
 
-def check_list_offsets(name, file, table: pa.Table) -> None:
+def validate_list_offsets(name, file, table: pa.Table) -> None:
     """Every list column of numbers (tokens, logprobs, item and output keys) has offsets that
     never fall and stay inside its values: Arrow's quick validation checks only the end ones,
     and a hand-built array given to the API can hold any in between. (Read from Parquet they
-    always hold; string lists are :func:`check_offsets`' and :func:`check_utf8`'s.)"""
+    always hold; string lists are :func:`validate_offsets`' and :func:`validate_utf8`'s.)"""
     for col_name in table.column_names:
         t = table.column(col_name).type
         if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or _has_strings(t):
@@ -465,7 +465,7 @@ def check_list_offsets(name, file, table: pa.Table) -> None:
                              table=name, file=file, column=col_name)
 
 
-def check_utf8(name, file, table: pa.Table, row0: int = 0) -> None:
+def validate_utf8(name, file, table: pa.Table, row0: int = 0) -> None:
     """Strings must be valid UTF-8 (Parquet readers do not check it): an id with invalid bytes
     cannot be compared, printed or written back reliably, so it is unusable input."""
     for col_name in table.column_names:  # canonical order: rollout_id first
@@ -517,9 +517,9 @@ def normalize(name: str, table: pa.Table, columns: Sequence[str], file: Path | N
     """Cast a validated table (from one file) to the canonical types, add the missing
     fill-with-null optional columns, check UTF-8 and nulls. ``row0``: file row of the table's
     first row (for messages). ``utf8_check``: called as ``utf8_check(name, file, table, row0)``
-    on the cast table where the UTF-8 check belongs (None: :func:`check_utf8`, here and now); a
+    on the cast table where the UTF-8 check belongs (None: :func:`validate_utf8`, here and now); a
     caller that runs it elsewhere owns raising its error in this order, and the string offsets
-    are checked here first (:func:`check_offsets`), so nothing reads outside a buffer meanwhile.
+    are checked here first (:func:`validate_offsets`), so nothing reads outside a buffer meanwhile.
     Raises InputError."""
     arrays, fields = [], []
     for col_name in columns:
@@ -532,11 +532,11 @@ def normalize(name: str, table: pa.Table, columns: Sequence[str], file: Path | N
         fields.append(pa.field(col_name, arr.type))
     out = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
     if utf8_check is None:
-        check_utf8(name, file, out, row0)  # first: the null check's message decodes rollout ids
+        validate_utf8(name, file, out, row0)  # first: the null check's message decodes rollout ids
     else:  # the caller runs the UTF-8 check elsewhere; what reads the strings meanwhile needs sound offsets
-        check_offsets(name, file, out, row0)
+        validate_offsets(name, file, out, row0)
         utf8_check(name, file, out, row0)
-    check_list_offsets(name, file, out)  # before anything flattens the lists
+    validate_list_offsets(name, file, out)  # before anything flattens the lists
     _check_nulls(name, file, out, row0)
     return _empty_for_null_lists(out)
 
@@ -685,18 +685,30 @@ def _stream_reader(source) -> pq.ParquetFile:
 
 
 def _iter_file(plan, file, read_cols, batch_rows) -> Iterator[pa.RecordBatch]:
-    with _reading(plan.name, file):
-        pf = _stream_reader(file)
+    for _, table in iter_file_tables(plan.name, file, plan.columns, read_cols, batch_rows):
+        yield from table.combine_chunks().to_batches()
+
+
+def iter_file_tables(name: str, file, columns: Sequence[str], read_cols: Sequence[str],
+                     batch_rows: int, open_file: Callable[[], object] | None = None
+                     ) -> Iterator[tuple[int, pa.Table]]:
+    """One Parquet file of table ``name``, read as every path reads a file (the in-memory and
+    streaming readers, spill, Ray): batch by batch, each checked and normalized to ``columns``
+    (:func:`normalize`), yielded as ``(row0, table)`` with ``row0`` the batch's first row in the
+    file. ``read_cols``: the file's columns to read; ``open_file``: opens the file (e.g. on a
+    pyarrow filesystem), by default ``file`` is a local path. Unusable input, a reader error or
+    fewer or more rows than the footer promises included, raises InputError naming ``file``."""
+    with _reading(name, file):
+        pf = _stream_reader(file if open_file is None else open_file())
         footer_rows = pf.metadata.num_rows
         batches = pf.iter_batches(batch_size=batch_rows, columns=read_cols)
     row0 = 0
-    for batch in _guard(batches, plan.name, file):
+    for batch in _guard(batches, name, file):
         if row0 + batch.num_rows > footer_rows:
-            _check_row_count(plan.name, file, row0 + batch.num_rows, footer_rows)
-        table = normalize(plan.name, pa.Table.from_batches([batch]), plan.columns, file, row0)
+            _check_row_count(name, file, row0 + batch.num_rows, footer_rows)
+        yield row0, normalize(name, pa.Table.from_batches([batch]), columns, file, row0)
         row0 += batch.num_rows
-        yield from table.combine_chunks().to_batches()
-    _check_row_count(plan.name, file, row0, footer_rows)
+    _check_row_count(name, file, row0, footer_rows)
 
 
 def _guard(batches: Iterable, name: str, file: Path):

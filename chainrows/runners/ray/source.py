@@ -3,7 +3,7 @@ URIs), the driver-side check of every table's files, and the Ray Data datasource
 tasks produce checked, normalized rows in one wide schema.
 
 The check and the normalization are the single-process reader's own
-(:func:`chainrows.formats.native.dataset.plan_table`, :func:`~chainrows.formats.native.dataset.check_schema`,
+(:func:`chainrows.formats.native.dataset.plan_table`, :func:`~chainrows.formats.native.dataset.validate_schema`,
 :func:`~chainrows.formats.native.dataset.normalize`), so unusable input raises the same one-line
 :class:`~chainrows.errors.InputError` as ``chainrows reassemble`` without ``--ray``: on the
 driver for anything a footer tells (missing table or column, wrong type, unreadable footer), in
@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from chainrows.formats.native import dataset as dsio
-from chainrows.formats.native.dataset import CANONICAL, TABLES, check_schema, normalize, plan_table
+from chainrows.formats.native.dataset import CANONICAL, TABLES, validate_schema, iter_file_tables, plan_table
 from chainrows.errors import InputError
 from chainrows.formats.native.footers import reading
 from chainrows.runners.bulk.partition import string_hashes
@@ -129,7 +129,7 @@ def _check_remote(loc: Location, name: str) -> TableFiles:
     for path, label in zip(paths, shown):
         with reading(name, label), loc.fs.open_input_file(path) as fh:
             schema = pq.read_schema(fh)
-        present.append(check_schema(name, schema, label))
+        present.append(validate_schema(name, schema, label))
     wanted = list(CANONICAL[name].names)
     columns = [c for c in wanted if c not in dsio.OPTIONAL[name] or any(c in p for p in present)]
     for col in columns:
@@ -194,19 +194,12 @@ def read_file(fs: pafs.FileSystem, tf: TableFiles, i: int, schema: pa.Schema, pa
 def _read_file(fs, tf: TableFiles, i: int, schema: pa.Schema, partitions: int):
     path, label, present = tf.paths[i], tf.shown[i], tf.present[i]
     read_cols = [c for c in present if c in tf.columns]
-    with reading(tf.name, label):
-        pf = dsio._stream_reader(fs.open_input_file(path))
-        footer_rows = pf.metadata.num_rows
-        batches = pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=read_cols)
-    row0 = 0
-    for batch in dsio._guard(batches, tf.name, label):
-        if row0 + batch.num_rows > footer_rows:
-            dsio._check_row_count(tf.name, label, row0 + batch.num_rows, footer_rows)
-        table = normalize(tf.name, pa.Table.from_batches([batch]), tf.columns, label, row0)
+    rows_read = 0
+    for row0, table in iter_file_tables(tf.name, label, tf.columns, read_cols, READ_BATCH_ROWS,
+                                        open_file=lambda: fs.open_input_file(path)):
+        rows_read = row0 + table.num_rows
         yield widen(table, tf.name, i, row0, schema, partitions)
-        row0 += batch.num_rows
-    dsio._check_row_count(tf.name, label, row0, footer_rows)
-    if footer_rows == 0:
+    if rows_read == 0:  # no rows (the footer says so, else the read raised): the schema
         yield schema.empty_table()
 
 
