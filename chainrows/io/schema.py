@@ -1,0 +1,5 @@
+"""Deprecated: use chainrows.formats.native.schema."""
+
+from chainrows.io import moved
+
+moved(globals(), "chainrows.formats.native.schema")
