@@ -124,7 +124,7 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options
 
 def _input_totals(src: Location, tables) -> Totals:
     """Rows and bytes of the columns read, from the footers, as the single-process run counts
-    them (``io.dataset.footer_totals``): uncompressed as stored (the summary's figure) and
+    them (``formats.native.dataset.footer_totals``): uncompressed as stored (the summary's figure) and
     estimated once decoded (what sizes the decide tasks). Other columns a capture carries do
     not count."""
     from chainrows.formats.native.footers import facts_of, reading
