@@ -353,5 +353,5 @@ def test_the_resume_words_of_a_stop_message_never_raise(monkeypatch):
     assert cli_module._left_behind(args) == ""
     monkeypatch.setattr(cli_module, "_work_dir", lambda a: "OUT/.chainrows-work")
     monkeypatch.setattr("chainrows.runners.bulk.job.holds_finished_work", lambda work: True)
-    monkeypatch.setattr(cli_module, "_size", lambda path: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    monkeypatch.setattr(cli_module, "tree_bytes", lambda path: (_ for _ in ()).throw(OSError(5, "I/O error")))
     assert cli_module._left_behind(args) == ""
