@@ -122,7 +122,7 @@ def _floor(src: Path, outs: Path, dst: Path) -> dict:
 def _read_columns(src: Path) -> dict[str, list[str]]:
     """Per table, the columns chainrows reads, which the floor reads too: other columns a
     capture carries (the ``wide`` shape's text) are read by neither."""
-    from chainrows.io.dataset import TABLES, plan_table
+    from chainrows.formats.native.dataset import TABLES, plan_table
 
     return {name: plan_table(src, name).columns for name in TABLES}
 
@@ -189,7 +189,7 @@ def _string_values(col):
 def id_string_columns(tables) -> list:
     """Every id column of the tables (string columns and lists of strings, ``integrity_error``
     left out: an error text, not an id) as a ChunkedArray of its strings, lists flattened."""
-    from chainrows.io.dataset import _has_strings  # a string column, or lists of strings
+    from chainrows.formats.native.dataset import _has_strings  # a string column, or lists of strings
 
     cols = [_string_values(t.column(name)) for t in tables for name in t.column_names
             if name != "integrity_error" and _has_strings(t.schema.field(name).type)]
@@ -226,7 +226,7 @@ def api_vs_copy(src: Path, repeats: int) -> dict:
     import numba
 
     import chainrows
-    from chainrows.io.dataset import read_dataset
+    from chainrows.formats.native.dataset import read_dataset
 
     ds = read_dataset(src)
     tables = (ds.ledger, ds.tokens, ds.rollouts)
@@ -319,7 +319,7 @@ def main(argv=None) -> int:
                     help="forbid transparent huge pages in this process and every process it starts "
                          "(the floor's, the API's); the chainrows command forbids them in its own anyway")
     a = ap.parse_args(argv)
-    from chainrows.io.memory import set_huge_pages
+    from chainrows.memory.process import set_huge_pages
 
     if a.no_huge_pages and not set_huge_pages(False):
         ap.error("--no-huge-pages: this system cannot forbid transparent huge pages")

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 
 VOCAB = 150_000
 SYSTEM_TOKENS = 2_000

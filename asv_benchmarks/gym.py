@@ -1,10 +1,10 @@
 """``chainrows import-gym`` throughput against hashlib's SHA-256 over the same bytes.
 
-The data is an agent-shaped NeMo Gym dump written by ``chainrows.io.gym.export_gym``: each
+The data is an agent-shaped NeMo Gym dump written by ``chainrows.formats.gym.export_gym``: each
 rollout one chain of ``CALLS`` calls (every call continues the previous one), deltas of
 ``CARRY`` observation and ``GEN`` generated tokens, ids from a 150k vocabulary, float logprobs.
 It is cached under the bench cache (``common.cache_root``), keyed by its shape and a hash of
-chainrows.io.gym.
+chainrows.formats.gym.
 
 Units. *Staged token bytes* are the bytes Gym serializes per staged token for its staging
 digest: the id as u64 and the mask and logprob as binary32, 16 bytes. Throughput is staged
@@ -18,7 +18,7 @@ over prebuilt buffers, on 1 and on 2 threads:
 
 The verifier alone (structural checks and every SHA-256, on calls parsed beforehand) is timed
 too, and the import once more with the exact parser alone (``importer.FAST_STAGED = False``:
-json.loads of every staged line instead of chainrows.io.gym.fast's kernel). Import rows also
+json.loads of every staged line instead of chainrows.formats.gym.fast's kernel). Import rows also
 give CPU seconds (process time, all threads), steadier than walls on a shared machine.
 ``python -m asv_benchmarks.gym`` prints all of it from one run; the asv class ``ImportGym``
 times the import, the verifier and the floors.
@@ -43,7 +43,7 @@ TOKEN_BYTES = 16  # u64 id + f32 mask + f32 logprob
 
 
 def _gym_version() -> str:
-    import chainrows.io.gym as gym
+    import chainrows.formats.gym as gym
 
     h = hashlib.sha256()
     for path in sorted(Path(gym.__file__).parent.glob("*.py")):
@@ -59,7 +59,7 @@ def dump_dir(rollouts: int, seed: int = 0) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=common.cache_root()))
     try:
         _write_raw(tmp, rollouts, seed)
-        from chainrows.io.gym import export_gym
+        from chainrows.formats.gym import export_gym
 
         export_gym(tmp / "ledger.jsonl", tmp / "tokens.jsonl", tmp / "results.jsonl", tmp / "dump")
         shutil.rmtree(root, ignore_errors=True)
@@ -102,7 +102,7 @@ def hash_buffers(rollouts: int, seed: int = 0) -> dict:
     ``checks`` (per call the buffers the checks hash, the cumulative prefix included)."""
     import numpy as np
 
-    from chainrows.io.gym import wire as W
+    from chainrows.formats.gym import wire as W
 
     staged, checks = [], []
     with open(dump_dir(rollouts, seed) / "staged.jsonl", "rb") as f:
@@ -142,7 +142,7 @@ def sha_floor(buffers: list, threads: int) -> float:
 def import_seconds(rollouts: int, threads: int, seed: int = 0, repeats: int = 2, fast: bool = True) -> tuple:
     """(best wall seconds, CPU seconds of that run) of import_gym; ``fast`` False: the exact
     staged parser alone."""
-    from chainrows.io.gym import import_gym, importer
+    from chainrows.formats.gym import import_gym, importer
 
     dump = dump_dir(rollouts, seed)
     best = (float("inf"), 0.0)
@@ -167,7 +167,7 @@ def import_seconds(rollouts: int, threads: int, seed: int = 0, repeats: int = 2,
 
 def parsed_rollouts(rollouts: int, seed: int = 0) -> list:
     """(rollout_id, records, staged) of every rollout, as the importer hands them to the verifier."""
-    from chainrows.io.gym import records as G
+    from chainrows.formats.gym import records as G
 
     dump = dump_dir(rollouts, seed)
     receipts = [G.parse_receipt(G.parse_line(raw, dump, n, "receipts")) for n, raw in G.iter_raw(dump / "receipts.jsonl", "receipts")]
@@ -180,7 +180,7 @@ def parsed_rollouts(rollouts: int, seed: int = 0) -> list:
 
 def verify_seconds(parsed: list, threads: int, repeats: int = 3) -> float:
     """Seconds for the verifier alone (structural checks + every SHA-256) on parsed calls."""
-    from chainrows.io.gym.verify import Verifier
+    from chainrows.formats.gym.verify import Verifier
 
     best = float("inf")
     with Verifier(threads) as verifier:
@@ -216,7 +216,7 @@ class ImportGym:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def time_import_gym(self, rollouts, threads):
-        from chainrows.io.gym import import_gym
+        from chainrows.formats.gym import import_gym
 
         out = self.tmp / f"ds-{time.perf_counter_ns()}"
         import_gym(self.dump, out, threads=threads)

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from asv_benchmarks import common
 from asv_benchmarks.bulk_shapes import id_string_columns, output_list_bytes
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.strjoin import _hash
 from chainrows.engine.verify import _max_abs_bits
 from chainrows.engine.xxh3 import xxh3_64_tokens
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     import numba
 
     import chainrows
-    from chainrows.io.dataset import read_dataset
+    from chainrows.formats.native.dataset import read_dataset
 
     ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.per_call_floor", description=__doc__.splitlines()[0])
     ap.add_argument("dataset")

@@ -12,7 +12,7 @@ bytes (cached like ``bulk_shapes``):
 - single: ``chainrows reassemble DATA OUT`` in a fresh process (process wall);
 - ray: ``chainrows reassemble DATA OUT --ray`` in a fresh process (process wall: a local Ray of
   ``--cpus`` CPUs started and stopped, the run, the commit), and inside it the run alone
-  (``chainrows.ray.job.run`` on an already started Ray);
+  (``chainrows.runners.ray.job.run`` on an already started Ray);
 - the ratios ray / single, and whether the two outputs are the same tables;
 - per decide task: input bytes (Arrow, in memory), seconds, MB/s; and the whole run's
   CPU-seconds per GB of input (run wall x CPUs / input GB), from which README "Many machines"
@@ -43,7 +43,7 @@ import ray
 ray.init(num_cpus=int(sys.argv[3]), include_dashboard=False, logging_level=logging.WARNING)
 started = time.perf_counter() - t0
 from chainrows.options import Options
-from chainrows.ray.job import run
+from chainrows.runners.ray.job import run
 records = []
 t1 = time.perf_counter()
 summary = run(sys.argv[1], sys.argv[2], Options(), progress=False, records=records)
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     print(f"{'single-process CLI (process wall)':<44}{single:>9.1f} s")
     print(f"{'--ray CLI (process wall, Ray start included)':<44}{ray_cli:>9.1f} s   ratio {ray_cli / single:5.2f}")
     print(f"{'Ray start alone':<44}{inner['start']:>9.1f} s")
-    print(f"{'Ray run alone (chainrows.ray.job.run)':<44}{inner['run']:>9.1f} s   ratio {inner['run'] / single:5.2f}")
+    print(f"{'Ray run alone (chainrows.runners.ray.job.run)':<44}{inner['run']:>9.1f} s   ratio {inner['run'] / single:5.2f}")
     print(f"{'outputs identical to the single-process run':<44}{'yes' if same else 'NO':>9}")
     print(f"{'Ray run, CPU-seconds per GB of input':<44}{inner['run'] * a.cpus / max(gb_in, 1e-9):>9.1f}")
     print(f"{'single, CPU-seconds per GB (x cores)':<44}{single * (os.cpu_count() or 1) / max(gb_in, 1e-9):>9.1f}")

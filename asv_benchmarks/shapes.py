@@ -142,8 +142,8 @@ def _replacing(out: Path) -> Iterator[Path]:
 
 
 def _write_part(table: pa.Table, path: Path, **kw) -> None:
-    """One part file, with chainrows' own codec and level (``io.write.WRITE_OPTIONS``)."""
-    from chainrows.io.write import WRITE_OPTIONS
+    """One part file, with chainrows' own codec and level (``outdir.parquet.WRITE_OPTIONS``)."""
+    from chainrows.outdir.parquet import WRITE_OPTIONS
 
     pq.write_table(table, path, compression=WRITE_OPTIONS["compression"],
                    compression_level=WRITE_OPTIONS["compression_level"], **kw)

@@ -22,7 +22,7 @@ so read the ratios, not the absolute numbers):
    first time can fault in at ~0.25 GB/s, which otherwise lands in whatever allocates first.
 3. Parquet -> Parquet: read the three tables, reassemble, write rows + report (pyarrow default
    writer options), against the pyarrow floor: read the three tables with ``pq.read_table`` and
-   write the same rows + report tables with ``pq.write_table``. When ``chainrows.bulk.run`` (the
+   write the same rows + report tables with ``pq.write_table``. When ``chainrows.runners.bulk.run`` (the
    CLI's path: project writer options, atomic output) exists it is timed as well, against a floor
    with the same writer options.
 4. memory and start-up: peak RSS of a fresh child running section 3 once (VmHWM: ru_maxrss is
@@ -63,7 +63,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from asv_benchmarks import common
-from chainrows.io.memory import process_peak_rss, process_rss
+from chainrows.memory.process import process_peak_rss, process_rss
 
 
 # ---- small helpers -------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def big_batch(rep: Report, base_n: int, big_gb: float, repeats: int, prefault_gb
 
     from chainrows.engine.run import decide, decide_and_gather, gather_rows
     from chainrows.engine.xxh3 import hash_deltas
-    from chainrows.io.columnar import build_batch
+    from chainrows.lowering.columnar import build_batch
 
     rep.section(f"2. in-memory reassembly of a >= {big_gb:g} GB token batch vs np.copyto floor")
     if prefault_gb > 0:
@@ -433,8 +433,8 @@ def parquet_to_parquet(rep: Report, n: int, repeats: int, tmp: Path) -> None:
     fns = {"engine": engine, "floor": floor}
     bulk_note = None
     try:
-        from chainrows import bulk
-        from chainrows.io.write import WRITE_OPTIONS
+        from chainrows.runners import bulk
+        from chainrows.outdir.parquet import WRITE_OPTIONS
 
         k = [0]
 
@@ -459,12 +459,12 @@ def parquet_to_parquet(rep: Report, n: int, repeats: int, tmp: Path) -> None:
               "times pq.read_table x3 + pq.write_table x2")
     if "bulk" in best:
         b, fo = best["bulk"], best["floor_opts"]
-        rep.line(f"chainrows.bulk.run (CLI path: project writer options, atomic output): {_fmt_s(b)}; "
+        rep.line(f"chainrows.runners.bulk.run (CLI path: project writer options, atomic output): {_fmt_s(b)}; "
                  f"floor with the same writer options: {_fmt_s(fo)} -> {b / fo:.2f}x")
         rep.ratio("  CLI path (bulk.run) vs pyarrow floor", _fmt_s(b), f"{b / fo:.2f}x",
                   "same floor, project writer options")
     else:
-        rep.line(f"chainrows.bulk.run not measured ({bulk_note})")
+        rep.line(f"chainrows.runners.bulk.run not measured ({bulk_note})")
 
     child_out = tmp / "p2p-child"
     child_out.mkdir()

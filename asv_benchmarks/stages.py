@@ -24,7 +24,7 @@ SIZES = [256, 4096]
 def _engine():
     from chainrows.engine.advantage import advantages, row_weights
     from chainrows.engine.run import decide, gather_rows
-    from chainrows.io.columnar import build_batch
+    from chainrows.lowering.columnar import build_batch
 
     return build_batch, decide, gather_rows, advantages, row_weights
 
@@ -253,7 +253,7 @@ class StartUp:
 
 
 class BulkShapes:
-    """The CLI's runner (``chainrows.bulk.run``, default settings) on user-shaped data
+    """The CLI's runner (``chainrows.runners.bulk.run``, default settings) on user-shaped data
     (``asv_benchmarks.shapes``: capture order, token rows shuffled, many short calls; random
     hex ids, multi-chunk columns, logprobs), against the pyarrow floor: read the three tables,
     write the same rows and report (zstd level 1, no dictionary). ``python -m
@@ -267,7 +267,7 @@ class BulkShapes:
 
     def setup(self, shape, gb):
         from asv_benchmarks.bulk_shapes import dataset
-        from chainrows import bulk
+        from chainrows.runners import bulk
 
         self.run = bulk.run
         self.src = dataset(shape, gb)

@@ -9,8 +9,8 @@ import pyarrow as pa
 
 from chainrows.engine.advantage import advantages, row_weights
 from chainrows.engine.run import decide_and_gather
-from chainrows.io.columnar import build_batch
-from chainrows.io.output import report_table, rows_table
+from chainrows.lowering.columnar import build_batch
+from chainrows.lowering.output import report_table, rows_table
 from chainrows.options import Options
 
 
@@ -43,7 +43,7 @@ def reassemble(ledger, tokens=None, rollouts=None, options: Options | None = Non
         if tokens is not None or rollouts is not None:
             raise TypeError("reassemble: a dataset directory comes alone (as ledger); pass either it "
                             "or the three tables")
-        from chainrows.io.dataset import read_dataset
+        from chainrows.formats.native.dataset import read_dataset
 
         ds = read_dataset(ledger)
         ledger, tokens, rollouts = ds.ledger, ds.tokens, ds.rollouts

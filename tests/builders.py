@@ -19,7 +19,7 @@ import struct
 
 import xxhash
 
-from chainrows.io.fingerprint import fingerprint
+from chainrows.formats.items import fingerprint
 
 LAST = "last"  # output(terminal=LAST): the response_id of the last output call
 

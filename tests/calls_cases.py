@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from hypothesis import strategies as st
 
-from chainrows.io.fingerprint import model_item_keys
+from chainrows.formats.items import model_item_keys
 from chainrows.reference.reassembly import chain_hash
 
 RELATIONS = ("first_root", "child", "retry", "rewrite", "drift", "declared", "declared_mismatch",

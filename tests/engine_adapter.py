@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from chainrows import reassemble
-from chainrows.io.schema import tables_from_pylists
+from chainrows.formats.native.schema import tables_from_pylists
 from chainrows.options import Options
 
 

@@ -1,5 +1,5 @@
 """What a run committed to OUT, for tests: ``rows`` is a directory of part files, ``report`` one
-file (chainrows.bulk.job)."""
+file (chainrows.runners.bulk.job)."""
 
 from __future__ import annotations
 

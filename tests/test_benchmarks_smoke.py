@@ -132,7 +132,7 @@ def test_shaped_datasets_have_the_shapes_they_claim(tmp_path):
 
     import chainrows
     from asv_benchmarks.shapes import write_shaped_dataset
-    from chainrows.io.dataset import read_dataset
+    from chainrows.formats.native.dataset import read_dataset
 
     for shape in ("capture", "shuffled", "short"):
         src = write_shaped_dataset(tmp_path / shape, shape, 2_000_000, seed=1)
@@ -155,7 +155,7 @@ def test_shaped_datasets_have_the_shapes_they_claim(tmp_path):
 def test_split_shape_is_its_source_in_many_files_read_in_order(tmp_path):
     """``files``: the capture shape's tables, row for row in read order, in many part files."""
     from asv_benchmarks.shapes import DERIVED_SHAPES, split_dataset, write_shaped_dataset
-    from chainrows.io.dataset import read_dataset
+    from chainrows.formats.native.dataset import read_dataset
 
     source, _ = DERIVED_SHAPES["files"]
     src = write_shaped_dataset(tmp_path / "src", source, 500_000, seed=2)
@@ -172,8 +172,8 @@ def test_wide_shape_is_its_source_with_text_a_run_never_reads(tmp_path):
     import pyarrow.parquet as pq
 
     from asv_benchmarks.shapes import DERIVED_SHAPES, write_shaped_dataset
-    from chainrows import bulk
-    from chainrows.io.dataset import footer_totals, plan_table, read_dataset
+    from chainrows.runners import bulk
+    from chainrows.formats.native.dataset import footer_totals, plan_table, read_dataset
 
     source, make = DERIVED_SHAPES["wide"]
     src = write_shaped_dataset(tmp_path / "src", source, 500_000, seed=2)
@@ -205,7 +205,7 @@ def test_per_call_floor_runs_every_pass_over_every_row_and_id(tmp_path, capsys):
 
     from asv_benchmarks import per_call_floor as pcf
     from asv_benchmarks.shapes import write_shaped_dataset
-    from chainrows.io.dataset import read_dataset
+    from chainrows.formats.native.dataset import read_dataset
 
     src = write_shaped_dataset(tmp_path / "short", "short", 400_000, seed=2)
     ds = read_dataset(src)

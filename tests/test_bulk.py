@@ -18,13 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrows import bulk, reference
+from chainrows.runners import bulk
+from chainrows import reference
 from chainrows.api import run_tables
-from chainrows.bulk import plan as planner
-from chainrows.bulk import windows
-from chainrows.bulk.windows import plan_windows, scan
-from chainrows.io.errors import InputError
-from chainrows.io.memory import process_rss
+from chainrows.runners.bulk import plan as planner
+from chainrows.runners.bulk import windows
+from chainrows.runners.bulk.windows import plan_windows, scan
+from chainrows.errors import InputError
+from chainrows.memory.process import process_rss
 from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 
@@ -270,7 +271,7 @@ def test_resume_redoes_a_finished_batch_whose_run_is_damaged(dataset, tmp_path, 
 def test_file_digest_is_the_xxh3_of_the_whole_file_read_in_pieces(tmp_path, monkeypatch, size):
     import xxhash
 
-    from chainrows.io import digest
+    from chainrows.outdir import digest
 
     monkeypatch.setattr(digest, "PIECE_BYTES", 4096)
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
@@ -283,7 +284,7 @@ def test_resume_partitions_again_when_a_spilled_part_is_damaged(dataset, tmp_pat
     """A bucket not finished yet is read from its spilled parts: a part that is not the one
     written (uncompressed, a zeroed page would be read as tokens) sends the job back to
     partitioning, like a damaged run."""
-    from chainrows.io.partition import PARTS_MANIFEST, PLAIN_IPC
+    from chainrows.runners.bulk.partition import PARTS_MANIFEST, PLAIN_IPC
 
     monkeypatch.setattr(planner, "spill_format", lambda *a: PLAIN_IPC)
     bulk.run(dataset, tmp_path / "ref", route=MEMORY)
@@ -310,7 +311,7 @@ def test_resume_partitions_again_when_a_spilled_part_is_damaged(dataset, tmp_pat
 
 
 def test_resume_reads_intact_spilled_parts_without_partitioning_again(dataset, tmp_path, monkeypatch):
-    from chainrows.bulk import spill as spill_module
+    from chainrows.runners.bulk import spill as spill_module
 
     bulk.run(dataset, tmp_path / "ref", route=MEMORY)
     out = tmp_path / "out"
@@ -330,7 +331,7 @@ def test_resume_reads_intact_spilled_parts_without_partitioning_again(dataset, t
 def test_a_finished_buckets_spilled_parts_are_gone_by_the_time_the_run_stops(dataset, tmp_path):
     """They are deleted on a thread of their own while the next bucket is decided; a run that
     stops waits for those deletions (the unfinished buckets keep theirs for --resume)."""
-    from chainrows.io.dataset import TABLES
+    from chainrows.formats.native.dataset import TABLES
 
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -349,8 +350,8 @@ def test_partitioning_writes_in_order_and_a_failed_write_is_never_lost():
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from chainrows.io.errors import InputError, WriteError
-    from chainrows.io.partition import _Flushes
+    from chainrows.errors import InputError, WriteError
+    from chainrows.runners.bulk.partition import _Flushes
 
     written, failing, go = [], set(), threading.Event()
 
@@ -397,7 +398,7 @@ def test_partitioning_writes_in_order_and_a_failed_write_is_never_lost():
 
 @pytest.mark.parametrize("route", [spill(3), stream(3)], ids=["spill", "stream"])
 def test_runs_compressed_or_not_give_the_same_bytes(dataset, tmp_path, monkeypatch, route):
-    from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
+    from chainrows.runners.bulk.partition import PLAIN_IPC, SPILL_IPC
 
     bulk.run(dataset, tmp_path / "ref", route=MEMORY)
     kept = {}
@@ -417,8 +418,8 @@ def test_mapped_runs_and_buckets_outlive_their_files(tmp_path, compressed):
     """Runs and spill parts are read through memory maps: what was read stays whole after the
     file is deleted (as spill buckets are, while their results still hold input strings) and
     after the file is overwritten by a later run of the same name."""
-    from chainrows.bulk.runs import run_batches, write_run
-    from chainrows.io.partition import PLAIN_IPC, SPILL_IPC, read_bucket
+    from chainrows.runners.bulk.runs import run_batches, write_run
+    from chainrows.runners.bulk.partition import PLAIN_IPC, SPILL_IPC, read_bucket
 
     ipc = SPILL_IPC if compressed else PLAIN_IPC
     table = pa.table({"rollout_id": [f"r{i:05d}" for i in range(5000)],
@@ -444,8 +445,8 @@ def test_mapped_runs_and_buckets_outlive_their_files(tmp_path, compressed):
 
 
 def test_runs_and_buckets_are_read_where_files_cannot_be_mapped(tmp_path, monkeypatch):
-    from chainrows.bulk.runs import run_batches, write_run
-    from chainrows.io.partition import PLAIN_IPC, read_bucket
+    from chainrows.runners.bulk.runs import run_batches, write_run
+    from chainrows.runners.bulk.partition import PLAIN_IPC, read_bucket
 
     def no_mmap(path, *args, **kwargs):
         raise OSError(f"[Errno 19] No such device: {path}")
@@ -458,7 +459,7 @@ def test_runs_and_buckets_are_read_where_files_cannot_be_mapped(tmp_path, monkey
 
 def _bucket_of(bucket: Path, parts: list[pa.Table], ipc) -> Path:
     """A spill bucket whose three tables are each ``parts``, one part file apiece."""
-    from chainrows.io.partition import _write_part
+    from chainrows.runners.bulk.partition import _write_part
 
     for name in ("ledger", "tokens", "rollouts"):
         (bucket / name).mkdir(parents=True)
@@ -470,7 +471,7 @@ def _bucket_of(bucket: Path, parts: list[pa.Table], ipc) -> Path:
 def test_runs_are_compressed_only_when_the_disk_is_short(tmp_path, monkeypatch):
     from collections import namedtuple
 
-    from chainrows.io.partition import PLAIN_IPC, SPILL_IPC
+    from chainrows.runners.bulk.partition import PLAIN_IPC, SPILL_IPC
 
     usage = namedtuple("usage", "total used free")
     for free, want in ((planner.RUN_DISK_FACTOR * 1000, PLAIN_IPC), (planner.RUN_DISK_FACTOR * 1000 - 1, SPILL_IPC)):
@@ -487,7 +488,7 @@ def test_a_refused_run_leaves_the_running_runs_work_alone(dataset, tmp_path, mon
     """The lock is taken after the planner's measurements: the first run may make its work dir
     while a second one starts, and the second, refused, must not delete it."""
     from chainrows.cli import main
-    from chainrows.io.write import AtomicOutput
+    from chainrows.outdir.atomic import AtomicOutput
 
     out = tmp_path / "out"
     work = out / bulk.WORK_DIR
@@ -800,8 +801,8 @@ def test_the_smallest_budget_the_process_accepts_holds(tmp_path):
 
 READ_PEAK_SCRIPT = r"""
 import sys
-from chainrows.io.dataset import read_dataset
-from chainrows.io.memory import process_rss
+from chainrows.formats.native.dataset import read_dataset
+from chainrows.memory.process import process_rss
 base = process_rss()
 open("/proc/self/clear_refs", "w").write("5")  # VmHWM from here
 ds = read_dataset(sys.argv[1])
@@ -866,8 +867,8 @@ def test_a_repeated_rollouts_row_follows_the_first_rows_group(dataset, tmp_path)
 def test_rollout_ids_whose_routing_hashes_collide_are_refused(dataset, tmp_path, monkeypatch):
     """Two ids with one routing hash would split a group: the planner refuses them (exit 2)
     rather than write wrong rows. Simulated with a 2-bit first hash."""
-    from chainrows.bulk import windows
-    from chainrows.io import partition
+    from chainrows.runners.bulk import windows
+    from chainrows.runners.bulk import partition
 
     real = partition.string_hashes
 
@@ -886,7 +887,7 @@ def test_rollout_ids_whose_routing_hashes_collide_are_refused(dataset, tmp_path,
 
 def test_collision_check_is_exact():
     first = np.array([5, 5, 7, 9, 9], dtype=np.uint64)
-    partition_check = __import__("chainrows.io.partition", fromlist=["x"]).check_no_collisions
+    partition_check = __import__("chainrows.runners.bulk.partition", fromlist=["x"]).check_no_collisions
     partition_check(first, np.array([1, 1, 2, 3, 3], dtype=np.uint64))  # same ids repeated: fine
     with pytest.raises(InputError):
         partition_check(first, np.array([1, 1, 2, 3, 4], dtype=np.uint64))
@@ -894,7 +895,7 @@ def test_collision_check_is_exact():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_collision_check_is_its_plain_definition_on_unsorted_runs(seed):
-    from chainrows.io.partition import check_no_collisions
+    from chainrows.runners.bulk.partition import check_no_collisions
 
     rng = np.random.default_rng(seed)
     first = rng.integers(0, 6, 40).astype(np.uint64)
@@ -911,8 +912,8 @@ def test_collision_check_is_its_plain_definition_on_unsorted_runs(seed):
 
 @pytest.mark.parametrize("change", ["more", "fewer"])
 def test_stream_refuses_a_table_that_changed_after_its_first_pass(dataset, tmp_path, change):
-    from chainrows.bulk.stream import stream_windows
-    from chainrows.io.dataset import table_schema
+    from chainrows.runners.bulk.stream import stream_windows
+    from chainrows.formats.native.dataset import table_schema
 
     plan = plan_windows(scan(dataset, True), 3)
     src = tmp_path / "data"
@@ -1010,7 +1011,7 @@ def test_resume_of_a_stream_whose_plan_no_longer_fits_starts_afresh(dataset, tmp
 def test_rows_up_to_counts_what_arrow_compares_as_at_most_the_bound(ids, bound, chunks):
     # the merge's binary search compares ids as Python strings; a run is sorted by Arrow on
     # UTF-8 bytes: the count must be Arrow's, non-ASCII, NUL, prefixes and repeats included
-    from chainrows.bulk.runs import rows_up_to
+    from chainrows.runners.bulk.runs import rows_up_to
     arr = pa.array(ids, pa.string())
     arr = arr.take(pc.sort_indices(arr))
     cut = [len(ids) * k // chunks for k in range(chunks + 1)]

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pytest
 
-from chainrows.formats.calls.importer import Importer, concat, import_tables
+from chainrows.formats.calls import import_calls
+from chainrows.formats.calls.importer import Importer, concat
 from chainrows.formats.calls.jsonl import read_jsonl
 from chainrows.formats.calls.tables import LEDGER, REPORT, TOKENS
 
@@ -70,7 +71,7 @@ TABLE_CASES = [c for c in CALLS_CASES if len({"parent_id" in r for r in c.record
 
 @pytest.mark.parametrize("case", TABLE_CASES, ids=[c.name for c in TABLE_CASES])
 def test_case_arrow_table(case):
-    res = import_tables(as_table(case.inputs()), on_drift=case.on_drift)
+    res = import_calls(as_table(case.inputs()), on_drift=case.on_drift)
     check_calls_case(case, Out(res.ledger.to_pylist(), res.tokens.to_pylist(), res.import_report.to_pylist(),
                                res.summary.has_logprobs))
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chainrows.formats.calls import jsonl as CJ
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 
 PATH = Path("calls.jsonl")
 

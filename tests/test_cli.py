@@ -224,7 +224,7 @@ def test_failed_run_keeps_previous_outputs(cli, good, tmp_path):
 
 
 def test_a_second_run_on_the_same_out_is_refused_while_the_first_writes(cli, good, tmp_path):
-    from chainrows.io.write import OUT_LOCK_NAME, AtomicOutput
+    from chainrows.outdir.atomic import OUT_LOCK_NAME, AtomicOutput
 
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
@@ -387,8 +387,8 @@ def test_a_complete_result_is_refused_without_overwrite(cli, good, tmp_path, com
 def test_what_an_interrupted_run_left_is_never_a_reason_to_refuse(cli, good, tmp_path, command):
     """An empty OUT, a staging dir of a dead run, finished work for --resume, a rows table
     committed without its report: all replaced by a plain run, no --overwrite needed."""
-    from chainrows.bulk.job import WORK_DIR
-    from chainrows.io.write import TMP_PREFIX
+    from chainrows.runners.bulk.job import WORK_DIR
+    from chainrows.outdir.atomic import TMP_PREFIX
 
     argv, names = _writers(good, tmp_path)[command]
     out = tmp_path / "out"
@@ -435,7 +435,7 @@ def test_import_jsonl_never_writes_over_its_input(cli, tmp_path):
 def test_resume_continues_an_interrupted_overwrite(cli, good, tmp_path):
     """A run replacing a complete result, interrupted with its work kept, resumes under
     --resume without --overwrite (the replacing was asked for already)."""
-    from chainrows.bulk.job import WORK_DIR
+    from chainrows.runners.bulk.job import WORK_DIR
 
     out = tmp_path / "out"
     assert_ran(cli.run("reassemble", good, out))
@@ -449,7 +449,7 @@ def test_unusable_input_found_mid_run_leaves_no_work_behind(cli, tmp_path):
     """A null found while partitioning (after the work dir was started): exit 2, and neither
     the partial work nor the OUT this run created stay; work an earlier run left for --resume
     is kept."""
-    from chainrows.bulk.job import WORK_DIR
+    from chainrows.runners.bulk.job import WORK_DIR
 
     t = _tables()
     values = t["tokens"].column("call_id").to_pylist()
@@ -511,18 +511,18 @@ def test_compile_notice_only_while_numba_compiles(capsys):
     every kernel is loaded already (here: a fresh tiny function, then the same one again)."""
     import numba
 
-    from chainrows.cli import COMPILING, _CompileNotice
+    from chainrows.cli.common import COMPILING, CompileNotice
 
     f = numba.njit(lambda x: x + 1)
-    with _CompileNotice(enabled=True) as notice:
+    with CompileNotice(enabled=True) as notice:
         assert f(1) == 2
         f(2.5)  # a second signature compiles too, but the notice is said once
     assert capsys.readouterr().err == COMPILING + "\n" and notice.seconds > 0
-    with _CompileNotice(enabled=True) as notice:
+    with CompileNotice(enabled=True) as notice:
         assert f(3) == 4
     assert capsys.readouterr().err == "" and notice.seconds == 0
     g = numba.njit(lambda x: x - 1)
-    with _CompileNotice(enabled=False):
+    with CompileNotice(enabled=False):
         assert g(1) == 0
     assert capsys.readouterr().err == ""
 
@@ -577,7 +577,7 @@ def test_stray_bytes_after_a_footer_are_not_taken_for_encryption(cli, good, tmp_
     """A footer followed by as many stray bytes as an encryption signature was refused as
     encrypted; pyarrow reads such a file, and so does chainrows now: the same rows as without
     the bytes. The footer's metadata, not its length, tells (``footers.names_encryption``)."""
-    from chainrows.io.footers import names_encryption
+    from chainrows.formats.native.footers import names_encryption
 
     assert_ran(cli.run("reassemble", good, tmp_path / "clean", *route))
     ledger = good / "ledger.parquet"
@@ -856,7 +856,7 @@ def test_pandas_is_kept_out_only_while_the_commands_own_process_runs_without_ray
 # ----------------------------------------------------------------------------- huge pages
 
 def _prctl_switch_works() -> bool:
-    from chainrows.io.memory import huge_pages_enabled, set_huge_pages
+    from chainrows.memory.process import huge_pages_enabled, set_huge_pages
 
     before = huge_pages_enabled()
     return before is not None and set_huge_pages(before)
@@ -870,7 +870,7 @@ def _huge_pages_after_command(args, env_value=None):
     """(exit code, stderr, whether huge pages were allowed when the process exited) of the
     command run as ``python -m chainrows`` in a process that allowed them at its start."""
     code = ("import atexit, runpy, sys\n"
-            "from chainrows.io.memory import huge_pages_enabled, set_huge_pages\n"
+            "from chainrows.memory.process import huge_pages_enabled, set_huge_pages\n"
             "assert set_huge_pages(True)\n"
             "atexit.register(lambda: print('huge pages:', huge_pages_enabled()))\n"
             f"sys.argv = ['chainrows', *{list(map(str, args))!r}]\n"
@@ -900,7 +900,7 @@ def test_the_command_forbids_huge_pages_in_its_process_unless_told_to_keep_the_s
 
 @needs_thp_switch
 def test_main_in_a_callers_process_leaves_its_huge_pages_alone(good, tmp_path, monkeypatch):
-    from chainrows.io.memory import huge_pages_enabled, set_huge_pages
+    from chainrows.memory.process import huge_pages_enabled, set_huge_pages
 
     monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
     before = huge_pages_enabled()

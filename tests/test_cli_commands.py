@@ -44,9 +44,9 @@ def test_interrupted_run_says_what_it_left(tmp_path, capsys, monkeypatch, work):
     partitioning) is named with its size and --resume; work with nothing finished in it (a
     killed run's, partitioning) is not offered for --resume; an OUT the run created and left
     empty is removed."""
-    from chainrows import bulk
-    from chainrows.bulk.job import WORK_DIR
-    from chainrows.bulk.spill import FINISHED
+    from chainrows.runners import bulk
+    from chainrows.runners.bulk.job import WORK_DIR
+    from chainrows.runners.bulk.spill import FINISHED
 
     out = tmp_path / "out"
 
@@ -76,8 +76,8 @@ def test_reassemble_says_it_compiles_and_keeps_compiling_out_of_throughput(tmp_p
     counted as compiling in the summary, not as work."""
     import numba
 
-    from chainrows import bulk
-    from chainrows.bulk.summary import Summary
+    from chainrows.runners import bulk
+    from chainrows.runners.bulk.summary import Summary
     from chainrows.cli import COMPILING
 
     took = []
@@ -225,7 +225,7 @@ def _line(text: str, label: str) -> str:
 def test_the_summary_says_each_figure_in_the_units_a_user_compares_it_with():
     """The peak in MiB beside the budget (budgets are given in MiB); the path's batches named by
     what they are; the kernels' load time shown, since the throughput leaves it out."""
-    from chainrows.bulk.summary import Summary
+    from chainrows.runners.bulk.summary import Summary
 
     s = Summary(rollouts=400, seconds=0.6, compile_seconds=0.4, peak_rss=321 << 20, budget=330 << 20,
                 path="spill", batches=5, why="a tight budget")

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from chainrows.engine import run as engine_run
 from chainrows.engine.run import decide, decide_and_gather, gather_rows
-from chainrows.io.columnar import build_batch
-from chainrows.io.output import _token_lists, rows_table
-from chainrows.io.rowgroups import RowGroupWriter
-from chainrows.io.schema import rows_schema, tables_from_pylists
+from chainrows.lowering.columnar import build_batch
+from chainrows.lowering.output import _token_lists, rows_table
+from chainrows.lowering.rowgroups import RowGroupWriter
+from chainrows.formats.native.schema import rows_schema, tables_from_pylists
 from chainrows.options import Options
 from randomized import random_dataset
 
@@ -101,7 +101,7 @@ def test_decide_and_gather_equals_decide_then_gather(seed, plan, threads, token_
 @pytest.fixture(scope="module")
 def monkeypatch_buffers():
     """Every tokens chunk its own buffer (joins.MIN_BUFFER_BYTES: chunks smaller are joined)."""
-    from chainrows.io import joins
+    from chainrows.lowering import joins
 
     saved = joins.MIN_BUFFER_BYTES
     joins.MIN_BUFFER_BYTES = 1
@@ -182,11 +182,11 @@ def test_every_rollout_dropped(placeholders):
 
 
 def test_write_parquet_bytes_do_not_depend_on_chunks(tmp_path):
-    """io.write.write_parquet (AtomicOutput.write_table) on an API rows table with gaps: the
+    """outdir.parquet.write_parquet (AtomicOutput.write_table) on an API rows table with gaps: the
     bytes of the same rows in one chunk. pyarrow alone cuts data pages at chunk boundaries once
     a column chunk holds more than write_batch_size values, hence the larger synthetic batch."""
     import chainrows
-    from chainrows.io import write
+    from chainrows.outdir import atomic as write
     from chainrows.synth.batches import synth_tables
 
     rows = chainrows.reassemble(*synth_tables(600, seed=1, corrupt_rate=0.2)).rows
@@ -203,7 +203,7 @@ def test_the_run_warm_up_loads_the_regather_kernels():
     import sys
 
     code = (
-        "from chainrows.bulk.plan import measure_footprint\n"
+        "from chainrows.runners.bulk.plan import measure_footprint\n"
         "from chainrows.engine import gather, verify\n"
         "from chainrows.options import Options\n"
         "measure_footprint(Options(), True)\n"

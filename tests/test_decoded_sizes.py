@@ -12,12 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows import bulk
-from chainrows.bulk import plan as planner
-from chainrows.io import dataset as dsmod
-from chainrows.io import footers
-from chainrows.io.budget import MIN_ROOM
-from chainrows.io.dataset import TABLES, footer_totals, plan_table
+from chainrows.runners import bulk
+from chainrows.runners.bulk import plan as planner
+from chainrows.formats.native import dataset as dsmod
+from chainrows.formats.native import footers
+from chainrows.memory.budget import MIN_ROOM
+from chainrows.formats.native.dataset import TABLES, footer_totals, plan_table
 from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 

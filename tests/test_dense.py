@@ -58,7 +58,7 @@ def test_the_scan_groups_rows_as_a_sort_based_recount(tmp_path):
     own group when it has none), whatever the numbering."""
     import pyarrow.parquet as pq
 
-    from chainrows.bulk.windows import scan
+    from chainrows.runners.bulk.windows import scan
     from chainrows.synth import write_synth_dataset
 
     write_synth_dataset(tmp_path, 60, seed=3, corrupt_rate=0.3)

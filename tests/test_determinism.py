@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chainrows import reassemble
-from chainrows.io.dataset import read_dataset
+from chainrows.formats.native.dataset import read_dataset
 from chainrows.synth import write_synth_dataset
 
 from outputs import output_bytes
@@ -239,8 +239,8 @@ def test_build_helper_thread_returns_and_raises_like_inline():
     error at the point the caller asks for it (so errors keep their order)."""
     import numba
 
-    from chainrows.io import columnar
-    from chainrows.io.errors import InputError
+    from chainrows.lowering import columnar
+    from chainrows.errors import InputError
 
     def boom(x):
         raise InputError(f"tokens: bad {x}")

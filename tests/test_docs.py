@@ -15,9 +15,9 @@ import pytest
 
 import chainrows
 from chainrows import reasons
-from chainrows.io.dataset import read_dataset
-from chainrows.io.errors import InputError
-from chainrows.io.fingerprint import canonical_json
+from chainrows.formats.native.dataset import read_dataset
+from chainrows.errors import InputError
+from chainrows.formats.items import canonical_json
 from chainrows.reference import chain_hash as reference_chain_hash
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Rollout ids as dense codes in byte order (chainrows.io.joins._encode_sorted) against the plain
+"""Rollout ids as dense codes in byte order (chainrows.lowering.joins._encode_sorted) against the plain
 definition."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrows.io.joins import _encode_sorted
+from chainrows.lowering.joins import _encode_sorted
 
 IDS = st.one_of(st.none(), st.sampled_from(["", "a", "b", "ab", "B", "é", "a\x00", "\U0001F642", "x" * 30]))
 CHUNK = st.tuples(st.lists(IDS, max_size=6), st.sampled_from([pa.string(), pa.large_string()]))

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows import bulk
-from chainrows.bulk import job as bulk_job
-from chainrows.bulk import plan as planner
-from chainrows.io import dataset as dsmod
-from chainrows.io import footers, small_files
-from chainrows.io.dataset import TABLES, footer_totals, plan_table
+from chainrows.runners import bulk
+from chainrows.runners.bulk import job as bulk_job
+from chainrows.runners.bulk import plan as planner
+from chainrows.formats.native import dataset as dsmod
+from chainrows.formats.native import footers, small_files
+from chainrows.formats.native.dataset import TABLES, footer_totals, plan_table
 from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 
@@ -164,8 +164,8 @@ def test_spill_buckets_follow_the_columns_read_and_the_bytes_stay_the_same(narro
 
 def test_a_ray_run_counts_the_columns_read_as_the_single_process_run_does(narrow, wide):
     pytest.importorskip("ray")
-    from chainrows.ray.job import _input_totals
-    from chainrows.ray.source import check_tables, locate
+    from chainrows.runners.ray.job import _input_totals
+    from chainrows.runners.ray.source import check_tables, locate
 
     sizes = planner.input_totals(narrow).values()
     want = tuple(sum(t[k] for t in sizes) for k in range(3))  # rows, stored, decoded

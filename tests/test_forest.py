@@ -426,7 +426,7 @@ def test_linear_accepted_rollouts_byte_identical_on_synth_data(tmp_path):
 def test_api_plan_reaches_the_engine():
     """chainrows.reassemble: plan= as a keyword and inside an Options object."""
     from chainrows import reassemble
-    from chainrows.io.schema import tables_from_pylists
+    from chainrows.formats.native.schema import tables_from_pylists
 
     tables = tables_from_pylists(*combine(forest([_, 0, 0])), logprobs=False, accepted=False)
     assert reassemble(*tables).report["status"].to_pylist() == ["masked"]
@@ -449,7 +449,7 @@ def test_cli_plan_forest_on_every_path(tmp_path, flags, capsys):
 
     from chainrows import reassemble
     from chainrows.cli import main
-    from chainrows.io.schema import tables_from_pylists
+    from chainrows.formats.native.schema import tables_from_pylists
 
     ledger, tokens, rollouts, options = random_forests(11, n_rollouts=60, corrupt=0.2)
     tables = tables_from_pylists(ledger, tokens, rollouts, logprobs=options["logprobs"], accepted=False)

@@ -5,7 +5,7 @@ Every case ends in one of two ways, and the tests check which one is right:
 
 - the input is usable (SPEC §2): exit 0, and the output equals what ``chainrows.reference`` (the
   pure-Python oracle) decides on the tables as the reader returns them, row for row, masks and
-  reason codes included, and ``chainrows.check.reconcile`` finds nothing;
+  reason codes included, and ``chainrows.testing.reconcile.reconcile`` finds nothing;
 - the input is unusable: exit 2 and exactly one line on stderr, ``chainrows: error: ...``,
   naming the table and (where there is one) the column or the file.
 
@@ -57,10 +57,10 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 from chainrows import reassemble, reference
-from chainrows.check import reconcile
-from chainrows.io.dataset import read_dataset
-from chainrows.io.errors import InputError
-from chainrows.io.schema import (
+from chainrows.testing.reconcile import reconcile
+from chainrows.formats.native.dataset import read_dataset
+from chainrows.errors import InputError
+from chainrows.formats.native.schema import (
     ACCEPTED_FIELD,
     LEDGER_SCHEMA,
     LOGPROBS_FIELD,
@@ -907,9 +907,9 @@ def test_cli_hostile_tables(cli, tmp_path_factory, data):
 
 def _normalized(tables: dict):
     """The tables as the reader would return them (null lists -> empty etc.), for the oracle."""
-    from chainrows.io.dataset import Dataset, check_schema, normalize
+    from chainrows.formats.native.dataset import Dataset, validate_schema, normalize
 
-    out = {n: normalize(n, t, check_schema(n, t.schema)) for n, t in tables.items()}
+    out = {n: normalize(n, t, validate_schema(n, t.schema)) for n, t in tables.items()}
     return Dataset(out["ledger"], out["tokens"], out["rollouts"], {})
 
 
@@ -1031,7 +1031,7 @@ def test_damaged_pages_read_alike_on_every_path(small_synth, tmp_path):
     and spill paths read must then see the same rows, or both refuse the file. (A read a row
     group at a time restarted the list columns' decoding at each group: a flip at byte 6,763 of
     a 64-row-group ledger moved item_ids by one row from row 64 on, where the batches did not.)"""
-    from chainrows.io.dataset import iter_table_batches, read_table
+    from chainrows.formats.native.dataset import iter_table_batches, read_table
 
     src = pq.read_table(small_synth / "ledger.parquet")
     clean = tmp_path / "clean.parquet"
@@ -1080,7 +1080,7 @@ def test_batch_validate_refuses_out_of_bounds_arrays(threads):
     import numba
 
     from chainrows.engine.run import decide
-    from chainrows.io.columnar import build_batch
+    from chainrows.lowering.columnar import build_batch
 
     if threads > numba.config.NUMBA_NUM_THREADS:
         pytest.skip(f"needs {threads} threads")
@@ -1166,7 +1166,7 @@ import copy, json
 import numpy as np
 from test_fuzz import base_data, build_tables
 from chainrows.engine.run import decide, gather_rows
-from chainrows.io.columnar import build_batch
+from chainrows.lowering.columnar import build_batch
 from chainrows.options import Options
 spec = json.loads({spec!r})
 tables = build_tables(base_data(spec["kind"], spec["seed"]))

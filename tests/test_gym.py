@@ -1,4 +1,4 @@
-"""chainrows.io.gym: NeMo Gym dumps (docs/gym.md): byte layouts, verification, import, export."""
+"""chainrows.formats.gym: NeMo Gym dumps (docs/gym.md): byte layouts, verification, import, export."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ import xxhash
 
 import chainrows
 from chainrows.cli import main
-from chainrows.io.dataset import read_dataset
-from chainrows.io.errors import InputError
-from chainrows.io.gym import export_gym, import_gym
-from chainrows.io.gym import verify as V
-from chainrows.io.gym import wire as W
-from chainrows.io.gym.fingerprints import fingerprint
-from chainrows.io.jsonl import import_jsonl_to_dataset
+from chainrows.formats.native.dataset import read_dataset
+from chainrows.errors import InputError
+from chainrows.formats.gym import export_gym, import_gym
+from chainrows.formats.gym import verify as V
+from chainrows.formats.gym import wire as W
+from chainrows.formats.gym.fingerprints import fingerprint
+from chainrows.formats.jsonl import import_jsonl_to_dataset
 
 from peaks import at_smallest_budget
 from test_jsonl import _doc_files
@@ -465,7 +465,7 @@ def test_hashing_on_the_pool_gives_what_hashing_inline_gives(tmp_path, monkeypat
         if k % 2:
             st["extras"] = {"k": k}  # and the extras digest, queued first
     _write(dump, "staged", staged)
-    from chainrows.io.gym import verify
+    from chainrows.formats.gym import verify
 
     import_gym(dump, tmp_path / "inline", threads=1)
     monkeypatch.setattr(verify, "POOL_MIN_BYTES", 0)
@@ -556,7 +556,7 @@ def test_a_deep_line_does_not_hide_an_earlier_lines_error(tmp_path, capsys):
 
 
 def test_budget_below_the_process_is_refused_up_front(tmp_path, capsys):
-    """As reassemble does (chainrows.io.budget): a budget the process itself cannot fit is
+    """As reassemble does (chainrows.memory.budget): a budget the process itself cannot fit is
     unusable input, exit 2, one line naming the smallest budget that works, and nothing
     written; a budget just above it is then accepted."""
     dump = EXAMPLE / "dump"
@@ -576,7 +576,7 @@ def test_budget_below_the_process_is_refused_up_front(tmp_path, capsys):
 def test_buckets_are_sized_by_the_room_above_the_baseline():
     """PEAK_FACTOR times a bucket's staged JSON within SHARE of the room (the budget above the
     process's own size): sized by the whole budget, a 366 MiB budget peaked at 435 MiB."""
-    from chainrows.io.gym.importer import MAX_BUCKETS, PEAK_FACTOR, SHARE, bucket_count
+    from chainrows.formats.gym.importer import MAX_BUCKETS, PEAK_FACTOR, SHARE, bucket_count
 
     room = 800 << 20
     share = int(SHARE * room / PEAK_FACTOR)
@@ -748,8 +748,8 @@ def test_example_dump_imports_and_is_what_the_exporter_writes(tmp_path):
 
 # ----------------------------------------------------------------------------- the fast staged reader
 
-from chainrows.io.gym import fast as F  # noqa: E402
-from chainrows.io.gym import importer as I  # noqa: E402
+from chainrows.formats.gym import fast as F  # noqa: E402
+from chainrows.formats.gym import importer as I  # noqa: E402
 
 
 def _tree_bytes(root: Path) -> dict:
@@ -846,8 +846,8 @@ def test_fast_reader_integers_match_the_exact_arrays():
     line = json.dumps({"token_ids_delta": ids, "token_mask_delta": floats, "generation_log_probs_delta": floats[::-1]})
     line = line.replace("[0, 0,", "[0, -0,")  # json.dumps writes -0 as 0
     (parsed,) = F.read_block([line.encode()])
-    from chainrows.io.gym import records as R
-    from chainrows.io.jsonl import _Line
+    from chainrows.formats.gym import records as R
+    from chainrows.formats.jsonl.lines import Line as _Line
 
     exact_arrays = R._int_array(_Line(json.loads(line), Path("x"), 1, "staged"), "token_ids_delta", True)
     assert parsed.tokens.tolist() == exact_arrays[0].tolist() and parsed.ids_in_u64 is exact_arrays[1] is False

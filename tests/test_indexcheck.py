@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrows.engine import indexcheck as ic
+from chainrows.engine import validate as ic
 
 SENTINELS = (-1, -2)
 

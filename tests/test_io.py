@@ -16,11 +16,11 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows.io import dataset as dsmod
-from chainrows.io import write as wmod
-from chainrows.io.dataset import (
+from chainrows.formats.native import dataset as dsmod
+from chainrows.outdir import atomic as wmod
+from chainrows.formats.native.dataset import (
     Dataset,
-    check_schema,
+    validate_schema,
     iter_table_batches,
     plan_table,
     read_dataset,
@@ -28,9 +28,9 @@ from chainrows.io.dataset import (
     table_files,
     table_schema,
 )
-from chainrows.io.errors import InputError
-from chainrows.io.rowgroups import PartsWriter, RowGroupWriter
-from chainrows.io.schema import (
+from chainrows.errors import InputError
+from chainrows.lowering.rowgroups import PartsWriter, RowGroupWriter
+from chainrows.formats.native.schema import (
     ACCEPTED_FIELD,
     LEDGER_SCHEMA,
     LOGPROBS_FIELD,
@@ -40,13 +40,9 @@ from chainrows.io.schema import (
     rows_schema,
     tables_from_pylists,
 )
-from chainrows.io.write import (
-    WRITE_OPTIONS,
-    AtomicOutput,
-    clean_stale_temp_dirs,
-    write_dataset,
-    write_dataset_atomic,
-)
+from chainrows.outdir.parquet import WRITE_OPTIONS
+from chainrows.outdir.atomic import AtomicOutput, clean_stale_temp_dirs
+from chainrows.formats.native.write import write_dataset, write_dataset_atomic
 
 from builders import scribble_pages
 
@@ -262,7 +258,7 @@ def test_corrupt_data_pages_after_good_footer(tmp_path):
     path = tmp_path / "ledger.parquet"
     pq.write_table(ledger, path, compression="zstd")
     scribble_pages(path)
-    assert check_schema("ledger", pq.read_schema(path), path)  # footer still fine
+    assert validate_schema("ledger", pq.read_schema(path), path)  # footer still fine
     msg = _err(read_table, tmp_path, "ledger")
     assert msg.startswith("ledger: unreadable Parquet file: ") and msg.endswith(f"(file {path})")
     msg = _err(lambda: list(iter_table_batches(tmp_path, "ledger")))
@@ -587,7 +583,7 @@ def test_large_offset_fallback_keeps_large_types(ds_dir, monkeypatch):
 
 
 def test_plan_and_check_schema_return_present_columns(ds_dir):
-    present = check_schema("tokens", pq.read_schema(ds_dir / "tokens.parquet"), "f")
+    present = validate_schema("tokens", pq.read_schema(ds_dir / "tokens.parquet"), "f")
     assert present == ["rollout_id", "call_id", "tokens", "logprobs"]
     plan = plan_table(ds_dir, "rollouts")
     assert plan.columns == ROLLOUTS_SCHEMA.names and plan.schema == ROLLOUTS_SCHEMA
@@ -788,7 +784,7 @@ def test_output_misuse(tmp_path):
 
 _KILLED_CHILD = """
 import os, signal, sys
-from chainrows.io.write import AtomicOutput
+from chainrows.outdir.atomic import AtomicOutput
 o = AtomicOutput(sys.argv[1]).__enter__()
 o.write_table("rows", __import__("pyarrow").table({"x": [1]}))
 print(o.tmp_dir, flush=True)
@@ -947,7 +943,7 @@ def test_parts_writer_cuts_parts_by_content_whatever_the_arrival(tmp_path, encod
 def test_write_taken_writes_what_write_of_the_taken_rows_writes(tmp_path, encoders):
     """Rows handed over as (source, order), mixed with plain writes, groups spanning calls and
     sources of several chunks: the same part files, byte for byte, as writing the taken rows."""
-    from chainrows.io.take import take_rows
+    from chainrows.lowering.take import take_rows
 
     rows = _rows_table(60)
     lens = [i % 5 + 1 for i in range(60)]  # rows of different lengths and values: 2-6 units each
@@ -976,7 +972,7 @@ def test_write_taken_writes_what_write_of_the_taken_rows_writes(tmp_path, encode
 def test_parts_writer_fsyncs_each_finished_part_on_its_encoder(tmp_path, monkeypatch, sync_parts):
     import threading
 
-    from chainrows.io import rowgroups
+    from chainrows.lowering import rowgroups
 
     synced = []
     monkeypatch.setattr(rowgroups, "fsync_file", lambda path: synced.append(
@@ -1039,7 +1035,7 @@ def _serial_error(tables) -> str:
     before any join: the order build_batch promises whatever runs on its helper thread."""
     for name, t in zip(("ledger", "tokens", "rollouts"), tables):
         try:
-            dsmod.normalize(name, t, check_schema(name, t.schema))
+            dsmod.normalize(name, t, validate_schema(name, t.schema))
         except (InputError, UnicodeDecodeError) as exc:
             return str(exc)
     return ""
@@ -1102,7 +1098,7 @@ def test_api_utf8_error_wins_over_a_join_error(monkeypatch, threads):
     """A join that fails while the UTF-8 checks still run gives way to the invalid string,
     which a serial run would have reported first; with valid strings the join's error stands."""
     from chainrows import reassemble
-    from chainrows.io import columnar
+    from chainrows.lowering import columnar
 
     def failing_join(*args):
         raise InputError("rollouts: a join failed")
@@ -1130,7 +1126,7 @@ def test_joins_beside_each_other_fail_in_serial_order(monkeypatch, threads):
     import itertools
 
     from chainrows import reassemble
-    from chainrows.io import columnar
+    from chainrows.lowering import columnar
 
     def failing(message):
         def step(*args):
@@ -1161,7 +1157,7 @@ def test_a_failed_build_leaves_nothing_on_the_helper_thread(monkeypatch):
     import threading
 
     from chainrows import reassemble
-    from chainrows.io import columnar
+    from chainrows.lowering import columnar
 
     finished = threading.Event()
     responses = columnar._responses_and_rewards
@@ -1299,7 +1295,7 @@ def test_normalize_checks_string_offsets_before_handing_the_table_on(form):
     ledger = _tables()[0]
     column, arr = _offsets_form(ledger, form)
     t = _replace_column(ledger, column, arr)
-    columns = check_schema("ledger", t.schema)
+    columns = validate_schema("ledger", t.schema)
     called = []
     hook = lambda *args: called.append(args[0])  # noqa: E731
     if form in ("unreferenced", "odd_buffer"):

@@ -1,11 +1,11 @@
-"""chainrows.engine._jit: the kernels' compiler pipeline (copy propagation, nothing else removed)."""
+"""chainrows.engine.jit: the kernels' compiler pipeline (copy propagation, nothing else removed)."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from chainrows.engine._jit import OPTIONS, jit
+from chainrows.engine.jit import OPTIONS, jit
 
 PLAIN = {k: v for k, v in OPTIONS.items() if k != "pipeline_class"}
 

@@ -1,4 +1,4 @@
-"""chainrows.io.jsonl: the JSON Lines importer (docs/jsonl.md)."""
+"""chainrows.formats.jsonl: the JSON Lines importer (docs/jsonl.md)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,23 @@ import pyarrow as pa
 import pytest
 import xxhash
 
-from chainrows.io.dataset import read_dataset
-from chainrows.io.errors import InputError
-from chainrows.io.fingerprint import fingerprint
-from chainrows.io.jsonl import (
+from chainrows.formats.native.dataset import read_dataset
+from chainrows.errors import InputError
+from chainrows.formats.items import fingerprint
+from chainrows.formats.jsonl import (
     import_jsonl,
     import_jsonl_to_dataset,
     read_ledger_jsonl,
     read_results_jsonl,
     read_tokens_jsonl,
 )
-from chainrows.io.schema import ACCEPTED_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, ROLLOUTS_SCHEMA, TOKENS_SCHEMA
+from chainrows.formats.native.schema import (
+    ACCEPTED_FIELD,
+    LEDGER_SCHEMA,
+    LOGPROBS_FIELD,
+    ROLLOUTS_SCHEMA,
+    TOKENS_SCHEMA,
+)
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "jsonl.md"
 

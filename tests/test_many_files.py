@@ -1,6 +1,6 @@
-"""Datasets of many small files: footers read once per bulk run (chainrows.io.footers), small
-files read a group at a time (chainrows.io.small_files) with the errors of one-by-one reads, and
-small batches joined for the id scan (chainrows.io.arrays.coalesced)."""
+"""Datasets of many small files: footers read once per bulk run (chainrows.formats.native.footers), small
+files read a group at a time (chainrows.formats.native.small_files) with the errors of one-by-one reads, and
+small batches joined for the id scan (chainrows.arrays.coalesced)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows import bulk
+from chainrows.runners import bulk
 from chainrows.api import run_tables
-from chainrows.bulk import plan as planner
-from chainrows.bulk import stream, windows
-from chainrows.io import dataset as dsmod
-from chainrows.io import footers, small_files
-from chainrows.io.arrays import coalesced
-from chainrows.io.dataset import TABLES, TablePlan, iter_table_batches, plan_table, read_table
-from chainrows.io.errors import InputError
+from chainrows.runners.bulk import plan as planner
+from chainrows.runners.bulk import stream, windows
+from chainrows.formats.native import dataset as dsmod
+from chainrows.formats.native import footers, small_files
+from chainrows.arrays import coalesced
+from chainrows.formats.native.dataset import TABLES, TablePlan, iter_table_batches, plan_table, read_table
+from chainrows.errors import InputError
 from chainrows.synth import write_synth_dataset
 
 from builders import scribble_pages

@@ -1,4 +1,4 @@
-"""The Ray path (chainrows.ray, README "Many machines") against the single-process run.
+"""The Ray path (chainrows.runners.ray, README "Many machines") against the single-process run.
 
 Ray advertises the machine's interface address, and these machines may only talk to loopback, so
 every Ray session runs in a network namespace of its own with only ``lo`` up (``unshare --net``,
@@ -363,7 +363,7 @@ def _killable_engine(marker_dir: str):
 def _run_api(case, engine=None) -> dict:
     from chainrows.api import run_tables
     from chainrows.options import Options
-    from chainrows.ray.job import run
+    from chainrows.runners.ray.job import run
 
     data, out = case["data"], case["out"]
     if case.get("uri"):

@@ -7,12 +7,12 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from chainrows.io.errors import InputError
-from chainrows.io.partition import string_hashes
-from chainrows.ray.cluster import input_error_in
-from chainrows.ray.route import BUCKET_COL, add_buckets, split_tables
-from chainrows.ray.source import ONE_LINE, RKEY_COL, SEQ_COL, TABLE_COL, TAG, TableFiles, wide_schema
-from chainrows.io.dataset import CANONICAL, TABLES
+from chainrows.errors import InputError
+from chainrows.runners.bulk.partition import string_hashes
+from chainrows.runners.ray.cluster import input_error_in
+from chainrows.runners.ray.route import BUCKET_COL, add_buckets, split_tables
+from chainrows.runners.ray.source import ONE_LINE, RKEY_COL, SEQ_COL, TABLE_COL, TAG, TableFiles, wide_schema
+from chainrows.formats.native.dataset import CANONICAL, TABLES
 
 
 def _tables() -> dict:
@@ -99,7 +99,7 @@ def test_ray_file_reader_lets_out_of_memory_pass_and_names_a_damaged_file(tmp_pa
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    from chainrows.ray.source import check_tables, locate, read_file
+    from chainrows.runners.ray.source import check_tables, locate, read_file
     from chainrows.synth import write_synth_dataset
 
     write_synth_dataset(tmp_path / "data", 4, seed=1)
@@ -127,8 +127,8 @@ def test_ray_footer_totals_refuse_an_encrypted_file_naming_it(tmp_path):
     starts (review: it was an internal error there)."""
     import pyarrow.parquet as pq
 
-    from chainrows.ray.job import _input_totals
-    from chainrows.ray.source import check_tables, locate
+    from chainrows.runners.ray.job import _input_totals
+    from chainrows.runners.ray.source import check_tables, locate
     from chainrows.synth import write_synth_dataset
     from test_cli import _encrypted
 

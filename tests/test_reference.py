@@ -10,7 +10,7 @@ import pytest
 import xxhash
 
 from chainrows import reasons as R
-from chainrows.io.schema import tables_from_pylists
+from chainrows.formats.native.schema import tables_from_pylists
 from chainrows.reference import chain_hash, reassemble
 
 from builders import delta_hash, one_call, worked_example  # tests/ on sys.path: conftest.py
@@ -62,7 +62,7 @@ def test_inputs_not_mutated():
 
 def test_rows_and_report_build_arrow_tables():
     """The output dicts fit the SPEC §4 schemas."""
-    from chainrows.io.schema import REPORT_SCHEMA, rows_schema
+    from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 
     for logprobs in (False, True):
         parts = [worked_example("a", logprobs=logprobs), one_call("b", logprobs=logprobs)]

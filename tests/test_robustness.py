@@ -1,4 +1,4 @@
-"""Robustness: nothing is lost (``chainrows.check.reconcile``), crashes leave no damage, and the
+"""Robustness: nothing is lost (``chainrows.testing.reconcile.reconcile``), crashes leave no damage, and the
 edges of the input space (docs/limits.md) work or fail cleanly.
 
 - reconcile: consistent on real outputs (both modes, placeholders, partitioned), and it
@@ -30,9 +30,9 @@ import pytest
 import xxhash
 
 from chainrows import reassemble, reference
-from chainrows.check import reconcile, reconcile_output
+from chainrows.testing.reconcile import reconcile, reconcile_output
 from chainrows.options import Options
-from chainrows.io.schema import (
+from chainrows.formats.native.schema import (
     LEDGER_SCHEMA,
     REPORT_SCHEMA,
     ROLLOUTS_SCHEMA,
@@ -65,6 +65,27 @@ def test_reconcile_accepts_real_outputs(cli, small, tmp_path, args):
     assert reconcile_output(small, out) == []
 
 
+def test_reconcile_accepts_forest_outputs_and_a_shared_call_trains_once(tmp_path):
+    """The forest plan (SPEC §3.1) puts a call several chains share in several rows of its
+    rollout, trained only in the first: a real forest output has no problem (it had three,
+    ``call 'f1' is in several rows``, issue 52), and a later row training that call again is one."""
+    data = tmp_path / "data"
+    write_synth_dataset(data, 300, seed=1, worker_rate=0.1, fork_rate=0.1)
+    res = reassemble(str(data), plan="forest")
+    assert reconcile(str(data), res.rows, res.report) == []
+    rows = res.rows.to_pylist()
+    seen, later = set(), None
+    for j, row in enumerate(rows):
+        if any((row["rollout_id"], c) in seen for c in row["call_ids"]):
+            later = j
+            break
+        seen.update((row["rollout_id"], c) for c in row["call_ids"])
+    assert later is not None, "no shared call: the dataset needs forks"
+    rows[later]["loss_mask"] = [1] * len(rows[later]["loss_mask"])
+    bad = pa.Table.from_pylist(rows, schema=res.rows.schema)
+    assert any("loss_mask is not 0" in p for p in reconcile(str(data), bad, res.report))
+
+
 def test_reconcile_accepts_api_results_and_dict_inputs():
     parts = [worked_example("wx", logprobs=True), one_call("solo", "g", 0.0, logprobs=True)]
     ledger, tokens, rollouts = [], [], []
@@ -86,7 +107,7 @@ def test_reconcile_empty_dataset():
 
 @pytest.fixture(scope="module")
 def outputs(small):
-    from chainrows.io.dataset import read_dataset
+    from chainrows.formats.native.dataset import read_dataset
 
     ds = read_dataset(small)
     res = reassemble(ds.ledger, ds.tokens, ds.rollouts, placeholders=True)
@@ -465,7 +486,7 @@ def test_staging_dir_killed_before_its_lock_is_cleaned(tmp_path):
     """A SIGKILL between mkdtemp and flock leaves a staging dir without a lock file. The next
     run removes it when its creator (the pid in the name) is gone; a young lock-less dir of a
     live process stays (it is about to take its lock)."""
-    from chainrows.io.write import TMP_PREFIX, clean_stale_temp_dirs
+    from chainrows.outdir.atomic import TMP_PREFIX, clean_stale_temp_dirs
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -516,7 +537,7 @@ def _plant(report_run: Path) -> None:
     record gets the new size and digest (--resume reuses only runs as recorded)."""
     import json
 
-    from chainrows.bulk.runs import runs_record, write_run
+    from chainrows.runners.bulk.runs import runs_record, write_run
 
     with pa.OSFile(str(report_run)) as src:
         t = pa.ipc.open_file(src).read_all()

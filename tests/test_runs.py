@@ -1,4 +1,4 @@
-"""The k-way merge of sorted runs (chainrows.bulk.runs.merge_sorted, merge_tree) against a
+"""The k-way merge of sorted runs (chainrows.runners.bulk.runs.merge_sorted, merge_tree) against a
 plain sort of all their rows: any batch sizes, empty runs, rows of one rollout in several
 segments, ids whose UTF-8 byte order is not their UTF-16 order, the steps written one by one
 or gathered up to ``flush_bytes``, copied out at once (``release``) or taken by the writer; runs
@@ -12,8 +12,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from chainrows.bulk.runs import (RunStore, RunWriter, merge_sorted, merge_tree, run_batches, run_path,
-                                  runs_record, write_run)
+from chainrows.runners.bulk.runs import (
+    RunStore,
+    RunWriter,
+    merge_sorted,
+    merge_tree,
+    run_batches,
+    run_path,
+    runs_record,
+    write_run,
+)
 
 ALPHABET = ["a", "b", "z", "é", "\u00ff", "\u4e00", "\U0001f600", "\uffff"]  # multi-byte UTF-8 too
 

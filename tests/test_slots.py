@@ -14,9 +14,9 @@ from chainrows.engine.slots import (
     any_served, any_served_py, fill_slots, fill_slots_py, slot_counts, slot_counts_py,
 )
 from chainrows.engine.threads import run
-from chainrows.io.arrays import offsets_from_lengths
-from chainrows.io.errors import InputError
-from chainrows.io.joins import _ledger_lists
+from chainrows.arrays import offsets_from_lengths
+from chainrows.errors import InputError
+from chainrows.lowering.joins import _ledger_lists
 
 KEYS = st.one_of(st.none(), st.lists(st.sampled_from([0, 1, 7, 2**63, 2**64 - 1]), max_size=4))
 IDS = st.one_of(st.none(), st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", ""])), max_size=4))

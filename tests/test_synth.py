@@ -15,8 +15,14 @@ import pytest
 import xxhash
 
 from chainrows import synth
-from chainrows.io.fingerprint import fingerprint
-from chainrows.io.schema import ACCEPTED_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, ROLLOUTS_SCHEMA, TOKENS_SCHEMA
+from chainrows.formats.items import fingerprint
+from chainrows.formats.native.schema import (
+    ACCEPTED_FIELD,
+    LEDGER_SCHEMA,
+    LOGPROBS_FIELD,
+    ROLLOUTS_SCHEMA,
+    TOKENS_SCHEMA,
+)
 from chainrows.reasons import REASONS
 from chainrows.synth import CORRUPT_KINDS, CORRUPT_TARGETS, iter_synth_batches, synth_tables, write_synth_dataset
 
@@ -134,12 +140,12 @@ def test_fast_fingerprints_match_fingerprint():
     r = random.Random(11)
     for _ in range(200):
         text = synth._text(r, 1 + r.getrandbits(3))
-        item_id = r.choice([None, "x_" + synth._hex(r)])
+        item_id = r.choice([None, "x_" + synth.hex_id(r)])
         assert synth._key(synth._reasoning_canonical(text)) == fingerprint(synth._item_dict("reasoning", item_id, text))
         assert synth._key(synth._message_canonical(text)) == fingerprint(synth._item_dict("message", item_id, text))
         name, arg = synth._TOOLS[r.randrange(len(synth._TOOLS))]
         arguments = '{"' + arg + '":"' + text + '"}'
-        call_id = "call_" + synth._hex(r, 12)
+        call_id = "call_" + synth.hex_id(r, 12)
         assert synth._key(synth._function_call_canonical(call_id, name, arguments)) == fingerprint(
             synth._item_dict("function_call", item_id, call_id, name, arguments)
         )
@@ -417,7 +423,7 @@ def test_write_synth_dataset(tmp_path):
 
 
 def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
-    real = synth.batches._build_batch
+    real = synth.batches.build_batch
     seen = []
 
     def failing(cfg, first, stop):
@@ -426,7 +432,7 @@ def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(cfg, first, stop)
 
-    monkeypatch.setattr(synth.batches, "_build_batch", failing)
+    monkeypatch.setattr(synth.batches, "build_batch", failing)
     with pytest.raises(KeyboardInterrupt):
         write_synth_dataset(tmp_path / "ds", 64, 0, batch_rollouts=16)
     assert os.listdir(tmp_path) == []

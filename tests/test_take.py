@@ -1,4 +1,4 @@
-"""take_ragged / take_rows against their plain definitions, and the background writer."""
+"""take_ragged / take_rows against their plain definitions."""
 
 import numpy as np
 import pyarrow as pa
@@ -11,9 +11,8 @@ from unittest import mock
 from chainrows.engine import ragged
 from chainrows.engine.ragged import take_ragged, take_ragged_chunks
 from chainrows.engine.streamcopy import STREAM_MIN_BYTES
-from chainrows.io.background import BackgroundWriter
-from chainrows.io import take as take_module
-from chainrows.io.take import take_rows
+from chainrows.lowering import take as take_module
+from chainrows.lowering.take import take_rows
 
 
 # rows of a few values, and rows past streamcopy.STREAM_MIN_BYTES in every dtype, which
@@ -163,7 +162,7 @@ def test_take_rows_equals_arrow_take(list_type):
 def test_null_lists_covering_values_take_the_block_copy(value_type):
     """A null list may cover values (Arrow allows it; slicing and filtering make such arrays):
     the block copy keeps them under the null and still equals pyarrow's take logically."""
-    from chainrows.io import take
+    from chainrows.lowering import take
 
     values = pa.array([1, 2, 3, 4, 5, 6, 7]).cast(value_type)
     offsets = pa.array([0, 2, 5, 5, 7], pa.int32())
@@ -215,45 +214,10 @@ def _check_string_list_take(rows, data, list_type, string_type, chunk, null_stri
     got.validate(full=True)
 
 
-class _ListWriter:
-    def __init__(self, fail_on=None):
-        self.tables, self.closed, self.fail_on = [], 0, fail_on
-
-    def write(self, t):
-        if len(self.tables) == self.fail_on:
-            raise OSError("disk full")
-        self.tables.append(t)
-
-    def close(self):
-        self.closed += 1
-
-    def __exit__(self, *exc):
-        self.closed += 1
-
-
-def test_background_writer_writes_in_order_and_closes_once():
-    inner = _ListWriter()
-    with BackgroundWriter(inner) as w:
-        for i in range(20):
-            w.write(i)
-    w.close()
-    assert inner.tables == list(range(20)) and inner.closed == 1
-
-
-def test_background_writer_raises_the_threads_error_to_the_caller():
-    inner = _ListWriter(fail_on=3)
-    w = BackgroundWriter(inner)
-    with pytest.raises(OSError, match="disk full"):
-        for i in range(50):
-            w.write(i)
-        w.close()
-    assert inner.tables == [0, 1, 2]
-
-
 def test_string_lists_of_a_few_rows_from_many_chunks_take_pyarrows_take():
     # a merge's row group: ~100 rows of short call_ids lists from ~44 chunks; the block copy's
     # per-chunk cost is then most of the take
-    from chainrows.io import take
+    from chainrows.lowering import take
 
     rows = [[f"c{i}", f"c{i + 1}"] for i in range(40 * 20)]
     table = pa.Table.from_batches(pa.table({"ids": pa.array(rows, pa.list_(pa.string()))}).to_batches(max_chunksize=20))
@@ -272,7 +236,7 @@ def test_string_lists_of_a_few_rows_from_many_chunks_take_pyarrows_take():
 
 
 def test_string_lists_take_the_block_copy_with_or_without_nulls():
-    from chainrows.io import take
+    from chainrows.lowering import take
 
     table = pa.table({"ids": pa.array([["a", "bc"], [], ["d"]] * 5, pa.list_(pa.string()))})
     calls = []

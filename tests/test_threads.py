@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import chainrows
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.chunks import even_chunks
 from chainrows.engine.threads import Step, parts, run, run_steps, step_parts
 
@@ -204,7 +204,7 @@ def test_no_kernel_is_compiled_parallel():
     that split work go through chainrows.engine.threads instead."""
     dispatchers = []
     for info in pkgutil.walk_packages(chainrows.__path__, "chainrows."):
-        if info.name.startswith("chainrows.ray") or info.name.endswith("__main__"):  # Ray: optional
+        if info.name.startswith("chainrows.runners.ray") or info.name.endswith("__main__"):  # Ray: optional
             continue
         module = importlib.import_module(info.name)
         dispatchers += [v for v in vars(module).values() if isinstance(v, numba.core.registry.CPUDispatcher)]
@@ -237,7 +237,7 @@ def test_build_helper_runs_each_task_with_its_submitters_thread_count():
     count of the thread that submitted it, not with what an earlier task left there."""
     import pyarrow as pa
 
-    from chainrows.io import columnar
+    from chainrows.lowering import columnar
 
     before, arrow_before = numba.get_num_threads(), pa.cpu_count()
     pa.set_cpu_count(max(2, arrow_before))  # the helper runs only with Arrow on more than one thread
@@ -257,7 +257,7 @@ def test_a_forked_child_gets_its_own_build_helper():
     parent's pool would wait forever."""
     import pyarrow as pa
 
-    from chainrows.io import columnar
+    from chainrows.lowering import columnar
 
     before, arrow_before = numba.get_num_threads(), pa.cpu_count()
     numba.set_num_threads(2)

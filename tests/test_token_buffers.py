@@ -1,4 +1,4 @@
-"""Token and logprob columns used chunk by chunk (chainrows.io.joins.token_buffers): the same
+"""Token and logprob columns used chunk by chunk (chainrows.lowering.joins.token_buffers): the same
 result whatever the chunking, and the buffers are the chunks themselves where they can be."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 import chainrows
-from chainrows.io import joins
-from chainrows.io.columnar import build_batch
+from chainrows.lowering import joins
+from chainrows.lowering.columnar import build_batch
 from chainrows.synth.batches import synth_tables
 
 

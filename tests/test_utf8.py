@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrows.io import dataset as dsmod
+from chainrows.formats.native import dataset as dsmod
 
 PIECES = [b"a", b"call-7", b"", b"\xc3\xa9", b"\xe2\x82\xac", b"\xff", b"\xc3", b"\x80", b"\xed\xa0\x80"]
 
@@ -126,14 +126,14 @@ def test_first_invalid_finds_the_string_among_ascii_ones(large):
 def test_an_empty_chunk_arrow_refuses_is_an_input_error_not_a_crash():
     """An empty string chunk whose lone offset is negative passes Arrow's quick validation and
     fails its full one; with no row to name, the error names the column (it was an IndexError)."""
-    from chainrows.io.errors import InputError
+    from chainrows.errors import InputError
 
     good = pa.array(["r1", "r2"])
     empty = pa.Array.from_buffers(pa.string(), 0, [None, pa.py_buffer(np.array([-3], np.int32).tobytes()),
                                                    pa.py_buffer(b"")])
     table = pa.table({"rollout_id": pa.chunked_array([good, empty])})
     with pytest.raises(InputError, match="'rollout_id' has an empty chunk that is not a valid array"):
-        dsmod.check_utf8("rollouts", None, table)
+        dsmod.validate_utf8("rollouts", None, table)
 
 
 def test_quick_way_refuses_what_full_validation_refuses_beyond_the_bytes():

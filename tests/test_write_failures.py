@@ -47,7 +47,7 @@ def _full_disk(patch: str, argv: list, error: str = ENOSPC, where: str = "") -> 
     for a writer whose ``_target`` holds it."""
     owner, method = patch.rsplit(".", 1)
     return f"""
-import errno, pyarrow.ipc, pyarrow.parquet, chainrows.bulk.runs
+import errno, pyarrow.ipc, pyarrow.parquet, chainrows.runners.bulk.runs
 from chainrows import cli
 original = getattr({owner}, {method!r})
 def full(self, *args, **kwargs):
@@ -133,7 +133,7 @@ def test_full_disk_in_a_stream_keeps_the_work_once_a_window_is_finished(cli, tmp
     out = tmp_path / "out"
     run = f"step-{step:05d}.rows.arrow"
     steps = ["--steps", "3", "--hold-runs", "0"]  # every run written
-    res = cli.exec(_full_disk("chainrows.bulk.runs.RunWriter._emit", ["reassemble", good, out, *steps],
+    res = cli.exec(_full_disk("chainrows.runners.bulk.runs.RunWriter._emit", ["reassemble", good, out, *steps],
                               where=run))
     line = _one_error_line(res)
     assert line.startswith(f"chainrows: error: cannot write {out / WORK / 'windows' / run}.tmp: "
@@ -314,16 +314,16 @@ def test_a_run_that_stops_on_memory_or_a_bug_says_what_resume_keeps(cli, good, t
     an uninterrupted run), as an interrupt or a failed write says it."""
     out = tmp_path / "out"
     res = cli.exec(f"""
-import chainrows.bulk.job
+import chainrows.runners.bulk.job
 from chainrows import cli
-original = chainrows.bulk.job._merge
+original = chainrows.runners.bulk.job._merge
 def fail(*args, **kwargs):
     raise {error}
-chainrows.bulk.job._merge = fail
+chainrows.runners.bulk.job._merge = fail
 try:
     rc = cli.main({[str(a) for a in ("reassemble", good, out, "--buckets", "2")]!r})
 finally:
-    chainrows.bulk.job._merge = original
+    chainrows.runners.bulk.job._merge = original
 """)
     lines = res.stderr.splitlines()
     assert res.rc == 1 and len(lines) == 1 and "Traceback" not in res.stderr, str(res)
@@ -352,6 +352,6 @@ def test_the_resume_words_of_a_stop_message_never_raise(monkeypatch):
     monkeypatch.setattr(cli_module, "_work_dir", broken)
     assert cli_module._left_behind(args) == ""
     monkeypatch.setattr(cli_module, "_work_dir", lambda a: "OUT/.chainrows-work")
-    monkeypatch.setattr("chainrows.bulk.job.holds_finished_work", lambda work: True)
-    monkeypatch.setattr(cli_module, "_size", lambda path: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    monkeypatch.setattr("chainrows.runners.bulk.job.holds_finished_work", lambda work: True)
+    monkeypatch.setattr(cli_module, "tree_bytes", lambda path: (_ for _ in ()).throw(OSError(5, "I/O error")))
     assert cli_module._left_behind(args) == ""

@@ -7,7 +7,7 @@ sentinels: ``ROOT`` (-1) for no parent / not given, ``MISSING`` (-2) for an id t
 call of the rollout.
 
 Every kernel assumes ``Batch.validate()`` passed: Numba does no bounds checks. Its checks that
-pass over every call are kernels too (``chainrows.engine.indexcheck``), each run only on what
+pass over every call are kernels too (``chainrows.engine.validate``), each run only on what
 the checks before it made safe to read.
 """
 
@@ -17,9 +17,15 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from chainrows.engine.indexcheck import (
-    ORDER_NOT_BY_BUFFER, ORDER_NOT_ONCE, ORDER_OK, ORDER_OUTSIDE, first_bad_range, first_outside_owner,
-    lengths_match, order_problem,
+from chainrows.engine.validate import (
+    ORDER_NOT_BY_BUFFER,
+    ORDER_NOT_ONCE,
+    ORDER_OK,
+    ORDER_OUTSIDE,
+    first_bad_range,
+    first_outside_owner,
+    lengths_match,
+    order_problem,
 )
 from chainrows.engine.threads import run_jobs
 

@@ -10,7 +10,7 @@ The forest cut writes a new ``sel`` (a call shared by several chains appears in 
 from __future__ import annotations
 
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.reasons import (
     D_FIRST_NOT_ROOT, D_MULTIPLE_ROOTS, D_NO_LEAF, D_PARENT_NOT_PREVIOUS,
     D_PARENT_NOT_SELECTED_BEFORE, D_SEVERAL_LEAVES,

@@ -1,7 +1,7 @@
 """Kernels: dense codes for uint64 keys (routing hashes of ids), in one pass over a hash table;
 and the stable order that groups rows by a dense code, in one counting pass.
 
-The bulk runner's first pass (chainrows.bulk.windows.scan) numbers millions of id hashes and
+The bulk runner's first pass (chainrows.runners.bulk.windows.scan) numbers millions of id hashes and
 checks that no hash stands for two ids; sorting them (``np.unique``, ``np.argsort``) cost more
 than reading the id columns. :func:`dense_codes` does both in O(n): an open-addressing table
 of codes, each confirmed against its key, numbered in order of first appearance.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.streamcopy import copy_run, store_fence
 from chainrows.engine.verify import check_hash, check_logprobs
 

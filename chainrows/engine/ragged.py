@@ -13,7 +13,7 @@ import numba
 from numba import types
 from numba.extending import intrinsic
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.batch import readonly
 from chainrows.engine.buffers import empty
 from chainrows.engine.chunks import even_chunks

@@ -15,7 +15,7 @@ import numpy as np
 
 from chainrows.engine.batch import Batch, readonly
 from chainrows.engine.buffers import empty
-from chainrows.engine.checks import rollout_checks
+from chainrows.engine.rollout_checks import rollout_checks
 from chainrows.engine.chunks import balanced_chunks
 from chainrows.engine.cut import cut_chains, forest_chains, terminal_chain
 from chainrows.engine.gather import (

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.batch import readonly
 from chainrows.engine.chunks import balanced_chunks, even_chunks
 from chainrows.engine.threads import run

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 
 
 @jit(inline="always")

@@ -38,7 +38,7 @@ from numba.core import cgutils, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 
 STREAM_MIN_BYTES = 512  # a shorter run is copied with plain stores
 STREAM_MIN_OUTPUT_BYTES = 32 << 20  # a smaller output is written with plain stores: about a last-level cache

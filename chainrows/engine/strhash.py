@@ -2,7 +2,7 @@
 
 Used (:func:`hash_strings`) to route rollouts to streaming windows and spill buckets. A second
 hash with another offset basis lets the caller detect ids whose first hashes collide
-(chainrows.io.partition). The per-string function :func:`fnv1a` also places strings in
+(chainrows.runners.bulk.partition). The per-string function :func:`fnv1a` also places strings in
 chainrows.engine.strjoin's tables.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.chunks import even_chunks
 from chainrows.engine.threads import run
 

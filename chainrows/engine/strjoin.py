@@ -24,7 +24,7 @@ from numba.core import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 
 
 def table_offsets(build_off: np.ndarray) -> np.ndarray:

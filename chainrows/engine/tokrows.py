@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.batch import NO_TOKENS
 
 

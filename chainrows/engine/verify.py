@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.xxh3 import xxh3_64_tokens
 from chainrows.reasons import (
     D_HASH, D_INTEGRITY, D_LEN_CHILD_PREV, D_LEN_GEN, D_LEN_LOGPROBS, D_LEN_ROOT_PREV, D_LEN_TOKENS,

@@ -54,7 +54,7 @@ from numba.core import cgutils, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.chunks import even_chunks
 from chainrows.engine.threads import run
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 
 INT, FLOAT = 0, 1          # field kinds
 ABSENT, ARRAY, NULL = 0, 1, 2  # a field's state in a line

@@ -64,9 +64,11 @@ Readings of §8 chosen where the text leaves room (the cases in tests/calls_case
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from chainrows.io.fingerprint import model_item_keys
+import xxhash
+
 from chainrows.reference.reassembly import chain_hash
 
 __all__ = [
@@ -85,6 +87,41 @@ ON_DRIFT = ("root", "mask")
 TEXT_NOT_EXTEND = "prompt does not extend call {p}: first difference at token {k}"
 TEXT_NOT_EARLIER = "declared parent {p} is not an earlier, non-failed call of the rollout"
 TEXT_DRIFT = "token drift: differs from call {p}'s generated tokens at token {k}"
+
+
+# --------------------------------------------------------------------------------------------
+# SPEC §2.1, the item fingerprint, read again here: the oracle shares no code with the import
+# --------------------------------------------------------------------------------------------
+
+def without_ids_statuses_nulls(value):
+    """Drop the keys ``id`` and ``status`` and every null-valued key at every level; nulls
+    inside arrays stay."""
+    if isinstance(value, dict):
+        return {k: without_ids_statuses_nulls(v) for k, v in value.items()
+                if k not in ("id", "status") and v is not None}
+    if isinstance(value, list):
+        return [without_ids_statuses_nulls(v) for v in value]
+    return value
+
+
+def fingerprint(item: dict) -> int:
+    """XXH3-64 of the canonical JSON: sorted keys, separators (",", ":"), UTF-8, no NaN."""
+    text = json.dumps(without_ids_statuses_nulls(item), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)
+    return xxhash.xxh3_64_intdigest(text.encode("utf-8"))
+
+
+def is_keyed(item: dict) -> bool:
+    """Model-authored: role assistant; without a role, a reasoning or function_call item."""
+    if item.get("role") is not None:
+        return item["role"] == "assistant"
+    return item.get("type") in ("reasoning", "function_call")
+
+
+def model_item_keys(items: list) -> tuple[list, list]:
+    """(keys, ids) of the model-authored items, in order."""
+    keyed = [item for item in items if is_keyed(item)]
+    return [fingerprint(item) for item in keyed], [item.get("id") for item in keyed]
 
 
 @dataclass

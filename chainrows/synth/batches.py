@@ -11,9 +11,9 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from chainrows.synth.harness import _Cfg, make_cfg
+from chainrows.synth.harness import Cfg, make_cfg
 from chainrows.synth.params import BLOCK, DEFAULT_BATCH_ROLLOUTS, DEFAULTS, SynthParams
-from chainrows.synth.tables import _build_batch, tables_schemas
+from chainrows.synth.tables import build_batch, tables_schemas
 
 _WORKER_CFG: dict = {}
 
@@ -24,8 +24,8 @@ def _batch_job(seed: int, params: SynthParams, first: int, stop: int):
     cfg = _WORKER_CFG.get(key)
     if cfg is None:
         _WORKER_CFG.clear()
-        cfg = _WORKER_CFG[key] = _Cfg(seed, params)
-    return _build_batch(cfg, first, stop)
+        cfg = _WORKER_CFG[key] = Cfg(seed, params)
+    return build_batch(cfg, first, stop)
 
 
 def _resolve_workers(workers: int | None) -> int:
@@ -34,7 +34,7 @@ def _resolve_workers(workers: int | None) -> int:
     return int(workers)
 
 
-def _iter(n_rollouts: int, seed: int, batch_rollouts: int, kw: dict,
+def iter_tables(n_rollouts: int, seed: int, batch_rollouts: int, kw: dict,
           workers: int | None = 1) -> Iterator[tuple[tuple, dict]]:
     """(tables, stats) per batch; the arguments are checked on the first ``next``."""
     if n_rollouts < 0:
@@ -47,7 +47,7 @@ def _iter(n_rollouts: int, seed: int, batch_rollouts: int, kw: dict,
     workers = _resolve_workers(workers)
     if workers == 1 or len(ranges) < 2:
         for a, b in ranges:
-            yield _build_batch(cfg, a, b)
+            yield build_batch(cfg, a, b)
         return
     # Worker processes build batches (pure Python + numpy: threads would not help); the caller
     # consumes them in order. "spawn": safe whatever threads the caller runs (numba, Arrow).
@@ -88,7 +88,7 @@ def iter_synth_batches(
     builds batches in that many ``spawn``ed processes. Other keyword arguments are the fields of
     :class:`SynthParams`.
     """
-    for tables, _ in _iter(n_rollouts, seed, batch_rollouts, kw, workers):
+    for tables, _ in iter_tables(n_rollouts, seed, batch_rollouts, kw, workers):
         yield tables
 
 
@@ -99,7 +99,7 @@ def synth_tables(n_rollouts: int, seed: int = 0, **kw) -> tuple[pa.Table, pa.Tab
     table has the ``logprobs`` column when ``logprobs``; the rollouts table always has
     ``accepted_response_ids`` (null when the harness kept no record).
     """
-    parts = [t for t, _ in _iter(n_rollouts, seed, DEFAULT_BATCH_ROLLOUTS, kw)]
+    parts = [t for t, _ in iter_tables(n_rollouts, seed, DEFAULT_BATCH_ROLLOUTS, kw)]
     if not parts:
         schemas = tables_schemas(kw.get("logprobs", DEFAULTS.logprobs))
         return tuple(s.empty_table() for s in schemas)  # type: ignore[return-value]

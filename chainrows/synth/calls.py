@@ -49,10 +49,11 @@ _TOOLS = (
 )
 
 # Call fields (a call is a small list, mutated by corruptions).
-_CID, _PARENT, _RID, _PREV, _DELTA, _GEN, _HASH, _KEYS, _IDS, _FAILED = range(10)
+# A simulated call is a list; these are its fields' positions (the ledger columns, in order).
+CID, PARENT, RID, PREV, DELTA, GEN, HASH, KEYS, IDS, FAILED = range(10)
 
 
-class _Rollout:
+class Rollout:
     """One simulated rollout: its calls (capture order), token rows ``[call_id, start, stop,
     lp_start, lp_stop]`` into ``tok`` / ``lp``, rollouts rows, and its corruption kind (or None)."""
 
@@ -106,26 +107,27 @@ def _key(canonical: str) -> int:
     return xxhash.xxh3_64_intdigest(canonical.encode())
 
 
-def _hex(r: random.Random, n: int = 16) -> str:
+def hex_id(r: random.Random, n: int = 16) -> str:
+    """``n`` random lowercase hex digits drawn from ``r`` (the ids of calls, responses, items)."""
     return f"{r.getrandbits(4 * n):0{n}x}"
 
 
-def _items(r: random.Random, final: bool, with_ids: float) -> tuple[list[int], list]:
+def call_items(r: random.Random, final: bool, with_ids: float) -> tuple[list[int], list]:
     """item_keys and item_ids of one call: [reasoning?] [message?] (function_call | message)."""
     keys, ids = [], []
     rand = r.random
     if rand() < 0.75:
         keys.append(_key(_reasoning_canonical(_text(r, 2 + r.getrandbits(2)))))
-        ids.append("rs_" + _hex(r) if rand() < with_ids else None)
+        ids.append("rs_" + hex_id(r) if rand() < with_ids else None)
     if final:
         keys.append(_key(_message_canonical(_text(r, 2 + r.getrandbits(3)))))
-        ids.append("msg_" + _hex(r) if rand() < with_ids else None)
+        ids.append("msg_" + hex_id(r) if rand() < with_ids else None)
         return keys, ids
     if rand() < 0.12:
         keys.append(_key(_message_canonical(_text(r, 1 + r.getrandbits(2)))))
-        ids.append("msg_" + _hex(r) if rand() < with_ids else None)
+        ids.append("msg_" + hex_id(r) if rand() < with_ids else None)
     name, arg = _TOOLS[r.randrange(len(_TOOLS))]
     arguments = '{"' + arg + '":"' + _text(r, 1 + r.getrandbits(1)) + '"}'
-    keys.append(_key(_function_call_canonical("call_" + _hex(r, 12), name, arguments)))
-    ids.append("fc_" + _hex(r) if rand() < with_ids else None)
+    keys.append(_key(_function_call_canonical("call_" + hex_id(r, 12), name, arguments)))
+    ids.append("fc_" + hex_id(r) if rand() < with_ids else None)
     return keys, ids

@@ -4,7 +4,7 @@ Call 1 is a root whose delta is the system + user prompt (carry) followed by the
 generation; every later call's delta is the observation since the previous accepted call (carry)
 followed by the generation. Compactions start a new root (system prompt + summary); rejected
 retries are siblings of an accepted call with the same carry. A corrupt rollout is first built
-with the structure its kind needs (``corrupt._needs``), then corrupted (``corrupt._corrupt``).
+with the structure its kind needs (``corrupt.needed_structure``), then corrupted (``corrupt.corrupt_rollout``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import struct
 import numpy as np
 import xxhash
 
-from chainrows.synth.calls import _CID, _HASH, _IDS, _KEYS, _PARENT, _RID, _Rollout, _hex, _items
-from chainrows.synth.corrupt import _corrupt, _needs
+from chainrows.synth.calls import CID, HASH, IDS, KEYS, PARENT, RID, Rollout, hex_id, call_items
+from chainrows.synth.corrupt import corrupt_rollout, needed_structure
+from chainrows.formats.native.hashing import chain_hash
 from chainrows.synth.params import PARAM_NAMES, SynthParams
 
 
@@ -29,7 +30,7 @@ def _lognormal_len(r: random.Random, mean: float, sigma: float, cap: float) -> i
     return max(1, min(int(x + 0.5), int(cap * mean)))
 
 
-class _Cfg:
+class Cfg:
     """Validated parameters as the simulator reads them, the system prompt shared by every
     rollout, a cache of group prompts, and the reused generators (not shared between threads)."""
 
@@ -52,7 +53,7 @@ class _Cfg:
         self.kinds = params.kinds
         # The system prompt, shared by every rollout (and kept by compactions).
         self.sys_len = max(1, self.prompt_tokens // 2)
-        rng = _rng(self.seed, 3)
+        rng = rng_for(self.seed, 3)
         self.sys_prompt = rng.integers(0, self.vocab, self.sys_len, dtype=np.int32)
         self._groups: dict[int, tuple[np.ndarray, float]] = {}
         self._bitgen = np.random.PCG64(0)
@@ -79,7 +80,7 @@ class _Cfg:
         if hit is None:
             if len(self._groups) > 4096:
                 self._groups.clear()
-            rng = _rng(self.seed, 1, g)
+            rng = rng_for(self.seed, 1, g)
             r = random.Random(int(rng.integers(2**63)))
             user_len = _lognormal_len(r, max(1.0, self.prompt_tokens - self.sys_len), 0.4, 8)
             user = rng.integers(0, self.vocab, user_len, dtype=np.int32)
@@ -92,11 +93,13 @@ _MASK128 = (1 << 128) - 1
 _PACK = struct.Struct("<QQ").pack
 
 
-def _rng(*key: int) -> np.random.Generator:
+def rng_for(*key: int) -> np.random.Generator:
+    """A numpy generator for ``key`` (seed first, then e.g. the rollout index): the same key
+    draws the same numbers in any process and any batch split."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key[0], spawn_key=key[1:])))
 
 
-def make_cfg(seed, kw: dict) -> _Cfg:
+def make_cfg(seed, kw: dict) -> Cfg:
     """The config of ``seed`` and the SynthParams named in ``kw``: TypeError for an unknown
     name, ValueError for a seed outside [0, 2**64) or a bad parameter."""
     unknown = set(kw) - PARAM_NAMES
@@ -104,7 +107,7 @@ def make_cfg(seed, kw: dict) -> _Cfg:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
     if not 0 <= int(seed) < 2**64:
         raise ValueError("seed must be in [0, 2**64)")
-    return _Cfg(seed, SynthParams(**kw))
+    return Cfg(seed, SynthParams(**kw))
 
 
 def _forest(r: random.Random, shape: str, n_acc: int) -> tuple[list, list]:
@@ -148,10 +151,12 @@ def _forest(r: random.Random, shape: str, n_acc: int) -> tuple[list, list]:
     return par, last
 
 
-def _simulate(cfg: _Cfg, i: int) -> _Rollout:
+def simulate(cfg: Cfg, i: int) -> Rollout:
+    """Rollout ``i`` of the run ``cfg``: its calls, tokens and rollouts row, corrupted when its
+    draw says so (a function of the seed and ``i`` alone)."""
     rng, r = cfg.rollout_rngs(i)
     kind = r.choice(cfg.kinds) if (cfg.kinds and r.random() < cfg.corrupt_rate) else None
-    need = _needs(kind)
+    need = needed_structure(kind)
     shape = None
     if cfg.forest_rate > 0:  # no draw when both rates are 0: such datasets stay byte-identical
         u = r.random()
@@ -195,7 +200,7 @@ def _simulate(cfg: _Cfg, i: int) -> _Rollout:
 
     # ---- calls in capture order: [retries of j..., j] for each accepted j
     group_prompt, p_success = cfg.group(i // cfg.group_size)
-    calls = []  # lists indexed by _CID...
+    calls = []  # lists indexed by CID...
     spans = []  # (start, carry_len, gen_len, kind_of_carry, copy_from) per call, capture order
     acc = []  # capture positions of the accepted calls, in order
     pos = 0
@@ -216,12 +221,12 @@ def _simulate(cfg: _Cfg, i: int) -> _Rollout:
         first_of_j = len(spans)
         for t in range(retries[j] + 1):
             gen = _lognormal_len(r, cfg.mean_gen, 0.9, 16)
-            keys, ids = _items(r, final, with_ids)
+            keys, ids = call_items(r, final, with_ids)
             if with_ids == 0.0 and r.random() < 0.5:
                 ids = None  # a null id list: every id null
             k_call += 1
             cid = f"c{k_call:03d}"
-            calls.append([cid, parent, "resp_" + _hex(r), prev, carry + gen, gen, 0, keys, ids, False])
+            calls.append([cid, parent, "resp_" + hex_id(r), prev, carry + gen, gen, 0, keys, ids, False])
             spans.append((pos, carry, gen, carry_kind, first_of_j if t else -1))
             pos += carry + gen
         acc.append(len(calls) - 1)
@@ -247,31 +252,31 @@ def _simulate(cfg: _Cfg, i: int) -> _Rollout:
         elif carry_kind == 2:
             tok[start : start + cfg.sys_len] = cfg.sys_prompt
         end = start + carry + gen
-        parent = c[_PARENT]
-        h = xxhash.xxh3_64_intdigest(tok[start:end].tobytes(), hashes[parent] if parent is not None else 0)
-        c[_HASH] = h
-        hashes[c[_CID]] = h
+        parent = c[PARENT]
+        h = chain_hash(tok[start:end], hashes[parent] if parent is not None else 0)
+        c[HASH] = h
+        hashes[c[CID]] = h
         if lp is not None:
             lp[start + carry : end] = noise[g0 : g0 + gen]
             g0 += gen
-    tok_rows = [[c[_CID], s[0], s[0] + s[1] + s[2], s[0], s[0] + s[1] + s[2]] for c, s in zip(calls, spans)]
+    tok_rows = [[c[CID], s[0], s[0] + s[1] + s[2], s[0], s[0] + s[1] + s[2]] for c, s in zip(calls, spans)]
 
     # ---- the rollouts row
     out_keys, out_ids = [], []
     for a in acc:
         c = calls[a]
-        out_keys.extend(c[_KEYS])
-        out_ids.extend(c[_IDS] if c[_IDS] is not None else [None] * len(c[_KEYS]))
+        out_keys.extend(c[KEYS])
+        out_ids.extend(c[IDS] if c[IDS] is not None else [None] * len(c[KEYS]))
     if (r.random() < 0.1 or not any(x is not None for x in out_ids)) and r.random() < 0.5:
         out_ids = None  # a null output_ids list: every id null
     term_mode = need.get("terminal")
     if term_mode == "set" or (term_mode is None and r.random() < 0.85):
-        terminal = calls[acc[-1]][_RID]
+        terminal = calls[acc[-1]][RID]
     else:
         terminal = None
     acc_mode = need.get("accepted")
     if acc_mode == "set" or (acc_mode is None and r.random() < cfg.accepted_rate):
-        accepted = [calls[a][_RID] for a in acc]
+        accepted = [calls[a][RID] for a in acc]
     else:
         accepted = None
     u = r.random()
@@ -280,8 +285,8 @@ def _simulate(cfg: _Cfg, i: int) -> _Rollout:
     rid = f"r{i:08d}"
     ro_rows = [[rid, f"g{i // cfg.group_size}", reward, out_keys, out_ids, terminal, accepted]]
 
-    ro = _Rollout()
+    ro = Rollout()
     ro.calls, ro.tok_rows, ro.ro_rows, ro.tok, ro.lp, ro.kind = calls, tok_rows, ro_rows, tok, lp, kind
     if kind is not None:
-        _corrupt(ro, kind, r, acc, spans, cfg)
+        corrupt_rollout(ro, kind, r, acc, spans, cfg)
     return ro

@@ -11,10 +11,16 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from chainrows.io.arrays import offsets_from_lengths, range_index
-from chainrows.io.schema import ACCEPTED_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, ROLLOUTS_SCHEMA, TOKENS_SCHEMA
-from chainrows.synth.calls import _CID, _DELTA, _FAILED, _GEN, _HASH, _IDS, _KEYS, _PARENT, _PREV, _RID
-from chainrows.synth.harness import _Cfg, _rng, _simulate
+from chainrows.arrays import offsets_from_lengths, range_index
+from chainrows.formats.native.schema import (
+    ACCEPTED_FIELD,
+    LEDGER_SCHEMA,
+    LOGPROBS_FIELD,
+    ROLLOUTS_SCHEMA,
+    TOKENS_SCHEMA,
+)
+from chainrows.synth.calls import CID, DELTA, FAILED, GEN, HASH, IDS, KEYS, PARENT, PREV, RID
+from chainrows.synth.harness import Cfg, rng_for, simulate
 from chainrows.synth.params import BLOCK
 
 
@@ -29,7 +35,9 @@ def _gather(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.n
     return buf[range_index(starts, lens)], offsets_from_lengths(lens)
 
 
-def _build_batch(cfg: _Cfg, first: int, stop: int) -> tuple[tuple[pa.Table, pa.Table, pa.Table], dict]:
+def build_batch(cfg: Cfg, first: int, stop: int) -> tuple[tuple[pa.Table, pa.Table, pa.Table], dict]:
+    """Rollouts ``first`` to ``stop`` (exclusive) of the run as (ledger, tokens, rollouts) tables,
+    and their counts (rollouts, corrupt, calls, tokens)."""
     # ledger columns
     l_ro, l_cid, l_par, l_rid = [], [], [], []
     l_prev, l_delta, l_gen, l_hash, l_failed = [], [], [], [], []
@@ -48,11 +56,11 @@ def _build_batch(cfg: _Cfg, first: int, stop: int) -> tuple[tuple[pa.Table, pa.T
 
     for b0 in range(first, stop, BLOCK):
         b1 = min(b0 + BLOCK, stop)
-        brng = _rng(cfg.seed, 2, b0 // BLOCK)
+        brng = rng_for(cfg.seed, 2, b0 // BLOCK)
         overlap = brng.uniform(0.0, 2.5, BLOCK)
         n_tok_rows_before = len(t_ro)
         for i in range(b0, b1):
-            ro = _simulate(cfg, i)
+            ro = simulate(cfg, i)
             n_corrupt += ro.kind is not None
             if ro.kind is not None:
                 kinds[ro.kind] = kinds.get(ro.kind, 0) + 1
@@ -62,18 +70,18 @@ def _build_batch(cfg: _Cfg, first: int, stop: int) -> tuple[tuple[pa.Table, pa.T
             ov = overlap[i - b0] / max(n, 1)
             for pos, c in enumerate(ro.calls):
                 l_ro.append(rid)
-                l_cid.append(c[_CID])
-                l_par.append(c[_PARENT])
-                l_rid.append(c[_RID])
-                l_prev.append(c[_PREV])
-                l_delta.append(c[_DELTA])
-                l_gen.append(c[_GEN])
-                l_hash.append(c[_HASH])
-                l_failed.append(c[_FAILED])
-                keys = c[_KEYS]
+                l_cid.append(c[CID])
+                l_par.append(c[PARENT])
+                l_rid.append(c[RID])
+                l_prev.append(c[PREV])
+                l_delta.append(c[DELTA])
+                l_gen.append(c[GEN])
+                l_hash.append(c[HASH])
+                l_failed.append(c[FAILED])
+                keys = c[KEYS]
                 k_vals.extend(keys)
                 k_offs.append(len(k_vals))
-                ids = c[_IDS]
+                ids = c[IDS]
                 if ids is None:
                     i_null.append(True)
                 else:

@@ -1,5 +1,5 @@
 """The dataset writer: ``ledger.parquet``, ``tokens.parquet`` and ``rollouts.parquet``, streamed
-batch by batch and committed together (chainrows.io.write.AtomicOutput, the one atomic write of
+batch by batch and committed together (chainrows.outdir.atomic.AtomicOutput, the one atomic write of
 the project); and ``python -m chainrows.synth``."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from chainrows.io.dataset import TABLES
-from chainrows.io.errors import writing
-from chainrows.io.write import AtomicOutput, check_destination
-from chainrows.synth.batches import _iter
+from chainrows.formats.native.dataset import TABLES
+from chainrows.errors import writing
+from chainrows.outdir.atomic import AtomicOutput, check_destination
+from chainrows.synth.batches import iter_tables
 from chainrows.synth.params import DEFAULT_BATCH_ROLLOUTS, DEFAULTS
 from chainrows.synth.tables import tables_schemas
 
@@ -36,7 +36,7 @@ def write_synth_dataset(
     ``out_dir`` and committed together at the end: an interrupted run leaves no table behind. An
     ``out_dir`` already holding a dataset is refused (``OutputExistsError``, a FileExistsError)
     unless ``overwrite`` (then its three tables are replaced; other entries stay): the one policy
-    of every command that writes, chainrows.io.write.check_destination.
+    of every command that writes, chainrows.outdir.atomic.check_destination.
     ``workers``: see ``iter_synth_batches``. Other keyword arguments are the fields of
     :class:`SynthParams`.
     Returns a summary: rollouts, corrupt, calls, tokens, bytes (of the three files), seconds,
@@ -54,7 +54,7 @@ def write_synth_dataset(
             for path, schema in zip(paths, schemas):
                 with writing(path):
                     writers.append(stack.enter_context(pq.ParquetWriter(path, schema, compression=compression)))
-            for tables, stats in _iter(n_rollouts, seed, batch_rollouts, kw, workers):
+            for tables, stats in iter_tables(n_rollouts, seed, batch_rollouts, kw, workers):
                 for path, w, t in zip(paths, writers, tables):
                     with writing(path):
                         w.write_table(t)
@@ -82,8 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-logprobs", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
     a = ap.parse_args(argv)
-    from chainrows.io.errors import InputError
-    from chainrows.io.write import OutputExistsError
+    from chainrows.errors import InputError
+    from chainrows.outdir.atomic import OutputExistsError
 
     try:
         summary = _write(a)

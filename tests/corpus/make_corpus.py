@@ -250,7 +250,7 @@ def bitflip_case():
 
     import pyarrow.parquet as pq
 
-    from chainrows.io.schema import tables_from_pylists
+    from chainrows.formats.native.schema import tables_from_pylists
 
     t = base(worked_example("wx"), single_chain("sc"))
     ledger, tokens, rollouts = tables_from_pylists(t["ledger"], t["tokens"], t["rollouts"])

@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.formats.calls.records import RECORDS
-from chainrows.io import dataset as D
-from chainrows.io.arrays import one_chunk
-from chainrows.io import jsonl as J
-from chainrows.io.errors import InputError
+from chainrows.formats.native import dataset as D
+from chainrows.arrays import one_chunk
+from chainrows.formats.jsonl import lines as J
+from chainrows.errors import InputError
 
 TABLE = "calls"
 STRINGS = ("rollout_id", "call_id", "response_id", "parent_id", "output_items")
@@ -79,9 +79,9 @@ class _Row:
     def __init__(self, rec: dict, row: int, rollout_id, file):
         self.rec, self.row, self.rollout_id, self.file = rec, row, rollout_id, file
 
-    def get(self, field, default=J._MISSING):
+    def get(self, field, default=J.MISSING):
         value = self.rec.get(field, default)
-        if value is J._MISSING:
+        if value is J.MISSING:
             raise self.error("is missing", field)
         return value
 
@@ -104,7 +104,7 @@ def _items(texts: pa.Array, failed: np.ndarray, rollouts: pa.Array, row0: int, f
             row.rec["output_items"] = json.loads(text)
         except (ValueError, RecursionError) as exc:
             raise row.error(f"is not valid JSON: {' '.join(str(exc).split())[:120]}", "output_items") from None
-        k, d = J._item_keys(row, "output_items")
+        k, d = J.item_keys(row, "output_items")
         keys.append(k)
         ids.append(d)
     return keys, ids
@@ -175,9 +175,9 @@ def records_from_table(table: pa.Table, *, file: Path | None = None, row0: int =
     """A RECORDS batch of a call-log table (rows numbered from ``row0`` in messages, records
     from ``first_record``). InputError on any malformed column or row."""
     table = table.select(check_columns(table.schema, file))
-    D.check_offsets(TABLE, file, table, row0)
-    D.check_list_offsets(TABLE, file, table)
-    D.check_utf8(TABLE, file, table, row0)
+    D.validate_offsets(TABLE, file, table, row0)
+    D.validate_list_offsets(TABLE, file, table)
+    D.validate_utf8(TABLE, file, table, row0)
     for name in ("rollout_id", "call_id"):
         nulls = table.column(name).is_null().to_numpy(zero_copy_only=False) if table.column(name).null_count else None
         if nulls is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.xxh3 import xxh3_64_tokens
 
 

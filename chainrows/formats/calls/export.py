@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 
 
 @jit

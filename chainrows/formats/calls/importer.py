@@ -4,7 +4,6 @@ order in, the ledger, tokens and import_report rows of each out (SPEC §8)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -56,31 +55,28 @@ class CallsImport:
         return iter((self.ledger, self.tokens, self.rollouts, self.import_report))
 
 
-def run_batches(batches: Iterable[pa.RecordBatch], on_drift: str = "root") -> Iterator[tuple]:
-    """(ledger, tokens, import_report) per records batch, and the Importer last: for callers
-    that write each chunk as it comes."""
-    importer = Importer(on_drift)
-    for batch in batches:
-        yield importer.add(batch)
-    yield importer
+def import_calls(calls, results=None, *, on_drift: str = "root", batch_rows: int = 4096) -> CallsImport:
+    """SPEC §8 in memory: a call log -> the §2 tables and import_report.
 
-
-def import_tables(calls: pa.Table, results=None, *, on_drift: str = "root",
-                  batch_rows: int = 4096) -> CallsImport:
-    """SPEC §8 on Arrow tables: ``calls`` in the Parquet form of docs/calls.md (one row per call,
-    capture order), ``results`` the rollouts table (SPEC §2), a results JSON Lines path as
-    import-jsonl reads it, or None. Returns the §2 tables and import_report in memory.
-    InputError (column, row) on a malformed call."""
+    ``calls``: an Arrow table in the Parquet form of docs/calls.md (one row per call, capture
+    order), or the path of a log (JSON Lines, Parquet file or directory), read whole.
+    ``results``: the rollouts table (SPEC §2), the path of a results JSON Lines file as
+    import-jsonl reads it, or None (``rollouts`` is None then). InputError (column and row, or
+    file, line and field) on a malformed call. For logs larger than memory, the command
+    ``chainrows import-calls`` (chainrows.runners.calls) streams under a memory budget."""
     from chainrows.formats.calls.arrow_input import records_from_table
-    from chainrows.io.jsonl import read_results_jsonl
+    from chainrows.formats.calls.sources import open_source
+    from chainrows.formats.jsonl.importer import read_results_jsonl
 
+    if isinstance(calls, (pa.Table, pa.RecordBatch)):
+        table = pa.Table.from_batches([calls]) if isinstance(calls, pa.RecordBatch) else calls
+        batches = (records_from_table(table.slice(start, batch_rows), row0=start, first_record=start)
+                   for start in range(0, table.num_rows, batch_rows))
+    else:
+        batches = open_source(calls).batches(32 << 20)
     parts: dict[str, list] = {"ledger": [], "tokens": [], "report": []}
     importer = Importer(on_drift)
-    for start in range(0, max(calls.num_rows, 1), batch_rows):
-        piece = calls.slice(start, batch_rows)
-        if piece.num_rows == 0 and start:
-            break
-        batch = records_from_table(piece, row0=start, first_record=start)
+    for batch in batches:
         for name, table in zip(parts, importer.add(batch)):
             parts[name].append(table)
     summary = importer.summary
@@ -99,5 +95,5 @@ def drop_logprobs_if_none(tokens: pa.Table, summary: CallsSummary) -> pa.Table:
     return tokens if summary.has_logprobs else tokens.drop_columns(["logprobs"])
 
 
-__all__ = ["Importer", "CallsImport", "run_batches", "concat", "drop_logprobs_if_none", "LEDGER",
-           "TOKENS", "REPORT"]
+__all__ = ["Importer", "CallsImport", "import_calls", "concat", "drop_logprobs_if_none", "LEDGER", "TOKENS",
+           "REPORT"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.formats.calls import trie as T
 from chainrows.formats.calls.trie import add_node, descend, lcp_with, mark_path, node_at, token_of
 

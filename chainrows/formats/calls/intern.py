@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 from chainrows.engine.strhash import FNV_OFFSET, fnv1a
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)

@@ -2,7 +2,7 @@
 
 Each line is one call. :func:`parse_record` is the exact reader of one line: every field's
 form is checked and a malformed line is an InputError naming the file, the line and the field
-(chainrows.io.jsonl's line reader and field checks, shared with import-jsonl). The token
+(chainrows.formats.jsonl.lines: the line reader and field checks import-jsonl uses). The token
 arrays, nearly all of a line's bytes, are read by a kernel (chainrows.formats.json_arrays) and
 the rest of the line by ``json.loads`` (chainrows.formats.json_arrays: what makes a line
 doubtful); a line the kernel cannot read exactly as the exact reader would goes to the exact
@@ -23,8 +23,8 @@ import pyarrow as pa
 
 from chainrows.formats import json_arrays as JA
 from chainrows.formats.calls.records import RECORDS
-from chainrows.io import jsonl as J
-from chainrows.io.errors import InputError
+from chainrows.formats.jsonl import lines as J
+from chainrows.errors import InputError
 
 TABLE = "calls"
 BATCH_BYTES = 32 << 20  # JSON bytes per records batch
@@ -53,7 +53,7 @@ def parse_record(r) -> dict:
     out["prompt_ids"] = _tokens(r, "prompt_ids", failed, least=0)
     out["completion_ids"] = _tokens(r, "completion_ids", failed, least=1)
     out["completion_logprobs"] = _logprobs(r, out["completion_ids"])
-    keys, ids = J._item_keys(r, "output_items", None if failed else J._MISSING)
+    keys, ids = J.item_keys(r, "output_items", None if failed else J.MISSING)
     out["item_keys"], out["item_ids"] = keys, ids
     return out
 
@@ -63,7 +63,7 @@ def _tokens(r, field: str, failed: bool, least: int) -> list | None:
         if failed:
             return None
         raise r.error("is missing", field)
-    values = r.rec[field] if isinstance(r.rec[field], np.ndarray) else J._int32_list(r, field)
+    values = r.rec[field] if isinstance(r.rec[field], np.ndarray) else J.int32_list(r, field)
     if values is None:
         if failed:
             return None
@@ -78,7 +78,7 @@ def _logprobs(r, completion: list | None) -> list | None:
         return None
     values = r.rec["completion_logprobs"]
     if not isinstance(values, np.ndarray):
-        values = J._float_list(r, "completion_logprobs")
+        values = J.float_list(r, "completion_logprobs")
     n = 0 if completion is None else len(completion)
     if values is not None and len(values) != n:
         raise r.error(f"has {len(values)} entries, completion_ids {n}: they must be of the same length",
@@ -119,7 +119,7 @@ def exact_batch(numbers: list, lines: list, path: Path, first_record: int) -> pa
 
 
 def _exact_line(raw: bytes, path: Path, number: int):
-    return J._Line(J.parse_object(raw, path, number, TABLE), path, number, TABLE)
+    return J.Line(J.parse_object(raw, path, number, TABLE), path, number, TABLE)
 
 
 def _int32_bad(ints: np.ndarray, state, ranges) -> np.ndarray:
@@ -178,7 +178,7 @@ def fast_batch(numbers: list, lines: list, path: Path, first_record: int) -> pa.
         for f in mine.tolist():
             a, b = ranges[ln, 2 * f], ranges[ln, 2 * f + 1]
             rec[ARRAYS[f]] = ints[a:b] if _KINDS[f] == JA.INT else floats[a:b]
-        rows.append(parse_record(J._Line(rec, path, number, TABLE)))
+        rows.append(parse_record(J.Line(rec, path, number, TABLE)))
     return records(rows, first_record)
 
 

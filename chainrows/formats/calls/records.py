@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.io.arrays import list_offsets, offsets_rise_within, string_parts
+from chainrows.arrays import list_offsets, offsets_rise_within, string_parts
 
 RECORDS = pa.schema([
     ("record", pa.int64()),

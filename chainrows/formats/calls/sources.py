@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from chainrows.formats.calls.arrow_input import TABLE, check_columns, records_from_table
 from chainrows.formats.calls.jsonl import read_jsonl
 from chainrows.engine.threads import inherit_threads, wait_out
-from chainrows.io.errors import InputError
+from chainrows.errors import InputError
 
 READ_BUFFER = 4 << 20  # bytes of a column chunk read at a time
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -16,7 +16,7 @@ from chainrows.formats.calls.infer import (
 )
 from chainrows.formats.calls.records import Lowered
 from chainrows.formats.calls.state import Decided, ImportState
-from chainrows.io.schema import INTEGRITY_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, TOKENS_SCHEMA
+from chainrows.formats.native.schema import INTEGRITY_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, TOKENS_SCHEMA
 
 LEDGER = LEDGER_SCHEMA.append(INTEGRITY_FIELD)
 TOKENS = TOKENS_SCHEMA.append(LOGPROBS_FIELD)

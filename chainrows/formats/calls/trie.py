@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine._jit import jit
+from chainrows.engine.jit import jit
 
 DEPTH, START, PARENT, CHILD, SIB, LATEST, GEN, FEND, PEND, STAMP = range(10)
 NF = 10

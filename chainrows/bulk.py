@@ -1,0 +1,5 @@
+"""Deprecated: use chainrows.runners.bulk."""
+
+from chainrows.io import moved
+
+moved(globals(), "chainrows.runners.bulk")

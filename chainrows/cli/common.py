@@ -1,0 +1,113 @@
+"""What every command's argparse shares: the epilog, the size and count argument types, the
+``--overwrite`` help, and the one-line list of what a command wrote. Light on purpose (argparse
+and the standard library; :func:`wrote` imports :mod:`chainrows.progress` when called) so that
+``chainrows --help`` imports neither numba nor pyarrow."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from pathlib import Path
+
+EPILOG = ("exit codes: 0 ran (masked rollouts included), 2 unusable input or arguments (one line), "
+          "1 internal error or out of memory or disk (CHAINROWS_DEBUG=1 shows the traceback), 130 interrupted, 143 terminated, "
+          "141 stdout closed by its reader (e.g. | head). Commands run without transparent huge pages "
+          "(CHAINROWS_HUGE_PAGES=system keeps the system's setting; docs/limits.md). "
+          "The input format is docs/format.md, the reason codes docs/reasons.md.")
+OVERWRITE_HELP = "replace the result OUT already holds (without it such an OUT is refused)"
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '512MB', '1e9' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 4GiB or 512MB)")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value < 1 << 20:
+        raise argparse.ArgumentTypeError(f"memory budget {text!r} is below 1 MiB")
+    return int(value)
+
+
+def int_at_least(lowest: int, below: int | None = None):
+    """argparse type: an integer >= lowest (and < below when given)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < lowest or (below is not None and value >= below):
+            raise argparse.ArgumentTypeError(f"must be >= {lowest}" + (f" and < {below}" if below else ""))
+        return value
+
+    return parse
+
+
+at_least_one = int_at_least(1)
+
+
+def wrote(out, names) -> str:
+    """``OUT/rows/ (5.1 MB), OUT/report.parquet (20 KB)``: the outputs ``names`` as they
+    now are in ``out`` (a ``<name>/`` directory of parts counted whole)."""
+    from chainrows.progress import human_bytes
+
+    parts = []
+    for name in names:
+        for path in (Path(out) / f"{name}.parquet", Path(out) / name):
+            if path.exists():
+                parts.append(f"{path}{'/' if path.is_dir() else ''} ({human_bytes(tree_bytes(path))})")
+                break
+    return ", ".join(parts)
+
+
+def tree_bytes(path) -> int:
+    """Bytes of a file, or of every file under a directory."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+COMPILING = "compiling kernels (first run; later runs load them from the cache)..."
+
+
+class CompileNotice:
+    """While installed, says COMPILING once on stderr (under the progress bars' rule: a
+    terminal, unless ``--progress``/``--no-progress``) when Numba starts compiling a kernel,
+    i.e. only on a cold or stale kernel cache: loading cached kernels raises no compile event.
+    ``seconds``: time spent compiling (outermost compiles only)."""
+
+    def __init__(self, enabled: bool | None):
+        from numba.core import event
+
+        class Listener(event.Listener):
+            def on_start(_, ev):
+                self._depth += 1
+                if self._depth == 1:
+                    self._t0 = time.perf_counter()
+                    if not self.said:
+                        from chainrows.progress import Progress
+
+                        self.said = True
+                        Progress.say(COMPILING, enabled=self.enabled)
+
+            def on_end(_, ev):
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - self._t0
+
+        self.enabled, self.said, self.seconds = enabled, False, 0.0
+        self._depth, self._t0 = 0, 0.0
+        self._cm = event.install_listener("numba:compile", Listener())
+
+    def __enter__(self) -> "CompileNotice":
+        self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
