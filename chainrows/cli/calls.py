@@ -35,14 +35,14 @@ def add_parser(sub) -> None:
 
 
 def cmd_import_calls(a: argparse.Namespace) -> int:
-    from chainrows.runners.calls.job import DEFAULT_BUDGET, import_calls
+    from chainrows.runners.calls.job import DEFAULT_BUDGET, import_calls_to_dataset
     from chainrows.runners.calls.outputs import NAMES
     from chainrows.outdir.atomic import check_destination
     from chainrows.cli.stdout import print_summary
 
     check_destination(a.out, NAMES, inputs=[a.calls, a.results], overwrite=a.overwrite)
     with CompileNotice(a.progress):
-        summary = import_calls(a.calls, a.results, a.out, on_drift=a.on_drift,
+        summary = import_calls_to_dataset(a.calls, a.results, a.out, on_drift=a.on_drift,
                                memory_budget=a.memory_budget or DEFAULT_BUDGET, progress=a.progress,
                                buckets=a.buckets)
     print_summary(f"chainrows import-calls {a.calls} -> {a.out}", f"wrote {wrote(a.out, NAMES)}",

@@ -1,4 +1,4 @@
-"""``import_calls``: a full-sequence call log -> a SPEC §2 dataset + ``import_report.parquet``,
+"""``import_calls_to_dataset``: a full-sequence call log -> a SPEC §2 dataset + ``import_report.parquet``,
 under a memory budget, all or nothing (SPEC §8).
 
 Memory. The log is read a chunk at a time and every chunk's rows are written as it is decided,
@@ -90,7 +90,7 @@ def load_kernels() -> None:
     Importer("mask").add(batch)
 
 
-def import_calls(calls: str | os.PathLike, results: str | os.PathLike, out: str | os.PathLike, *,
+def import_calls_to_dataset(calls: str | os.PathLike, results: str | os.PathLike, out: str | os.PathLike, *,
                  on_drift: str = "root", memory_budget: int = DEFAULT_BUDGET, progress: bool | None = None,
                  buckets: int | None = None) -> CallsSummary:
     """Import the call log ``calls`` (JSON Lines or Parquet, docs/calls.md) with the results file
@@ -212,4 +212,4 @@ def _add(total: CallsSummary, part: CallsSummary) -> None:
     total.samples = sorted(total.samples + part.samples, key=lambda s: s["record"])[:SAMPLES]
 
 
-__all__ = ["import_calls", "load_kernels", "DEFAULT_BUDGET", "Plan", "StateOutgrown"]
+__all__ = ["import_calls_to_dataset", "load_kernels", "DEFAULT_BUDGET", "Plan", "StateOutgrown"]
