@@ -39,12 +39,12 @@ class CallsSummary:
         from chainrows.progress import human_bytes
 
         w = 24
-        lines = [f"{'calls':<{w}} {self.records:,} in {self.rollouts:,} rollouts"]
+        lines = [f"{'calls':<{w}} {self.records:,} in {_count(self.rollouts, 'rollout')}"]
         lines += [f"  {name:<{w - 2}} {int(n):,}" for name, n in zip(RELATIONS, self.relations) if n]
         lines.append(f"{'rollouts with drift':<{w}} {self.drifted_rollouts:,}")
         for s in self.samples:
             lines.append("  " + describe(s))
-        lines.append(f"{'results':<{w}} {self.results:,} rollouts")
+        lines.append(f"{'results':<{w}} {_count(self.results, 'rollout')}")
         ratio = f" ({self.input_tokens / self.delta_tokens:.1f}x)" if self.delta_tokens else ""
         lines.append(f"{'tokens':<{w}} {self.input_tokens:,} in the log, {self.delta_tokens:,} "
                      f"written as deltas{ratio}")
@@ -54,6 +54,10 @@ class CallsSummary:
             lines.append(f"{'peak memory':<{w}} {human_bytes(self.peak_rss)}")
         lines.append(f"{'time':<{w}} {self.seconds:.2f} s")
         return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def describe(s: dict) -> str:
