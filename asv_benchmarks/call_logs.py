@@ -38,14 +38,16 @@ class Shape:
     compaction_rate: float = 0.3  # per rollout: one compaction somewhere
     retry_rate: float = 0.05      # per call: a rejected retry before it
     drift_rate: float = 0.02      # per call: the next prompt re-tokenizes one of its tokens
+    system_tokens: int = SYSTEM_TOKENS
 
 
 def _rollout(rng: np.random.Generator, rid: str, system: np.ndarray, shape: Shape) -> list[dict]:
     """The calls of one rollout, in capture order, as dicts of numpy arrays and strings."""
     n = int(rng.integers(shape.min_calls, shape.max_calls + 1))
     target = int(rng.integers(shape.min_prompt, shape.max_prompt + 1))
-    growth = max(8, (target - SYSTEM_TOKENS) // n)
-    history = np.concatenate([system, rng.integers(0, VOCAB, int(rng.integers(200, 1000)), np.int32)])
+    growth = max(8, (target - shape.system_tokens) // n)
+    task = max(20, min(1000, target // 10))
+    history = np.concatenate([system, rng.integers(0, VOCAB, int(rng.integers(task // 5, task)), np.int32)])
     compact_at = int(rng.integers(n // 3, n)) if rng.random() < shape.compaction_rate else -1
     calls = []
     for i in range(n):
@@ -78,7 +80,7 @@ def simulate(target_bytes: int, seed: int = 0, shape: Shape | None = None):
     about GROUP_BYTES of tokens at a time), and the results records, last."""
     shape = shape or Shape()
     rng = np.random.default_rng(seed)
-    system = rng.integers(0, VOCAB, SYSTEM_TOKENS, np.int32)
+    system = rng.integers(0, VOCAB, shape.system_tokens, np.int32)
     active: list[list] = []
     results, written, r = [], 0, 0
     pending, pending_bytes = [], 0

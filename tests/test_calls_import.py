@@ -69,9 +69,10 @@ def test_case_one_record_per_batch(case, tmp_path):
 TABLE_CASES = [c for c in CALLS_CASES if len({"parent_id" in r for r in c.records}) == 1]
 
 
+@pytest.mark.parametrize("batch_rows", [4096, 1])
 @pytest.mark.parametrize("case", TABLE_CASES, ids=[c.name for c in TABLE_CASES])
-def test_case_arrow_table(case):
-    res = import_calls(as_table(case.inputs()), on_drift=case.on_drift)
+def test_case_arrow_table(case, batch_rows):
+    res = import_calls(as_table(case.inputs()), on_drift=case.on_drift, batch_rows=batch_rows)
     check_calls_case(case, Out(res.ledger.to_pylist(), res.tokens.to_pylist(), res.import_report.to_pylist(),
                                res.summary.has_logprobs))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from chainrows.cli.common import EPILOG, OVERWRITE_HELP, CompileNotice, parse_size, wrote
+from chainrows.cli.common import EPILOG, OVERWRITE_HELP, CompileNotice, at_least_one, parse_size, wrote
 
 
 def add_parser(sub) -> None:
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
                    help="peak memory to stay under, e.g. 2GiB (default 4GiB)")
     c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr (default: when stderr is a terminal)")
-    c.add_argument("--buckets", type=int, default=None, help=argparse.SUPPRESS)  # tests
+    c.add_argument("--buckets", type=at_least_one, default=None, help=argparse.SUPPRESS)  # tests, measurements
     c.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 

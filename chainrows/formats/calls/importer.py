@@ -77,8 +77,8 @@ def import_calls(calls, results=None, *, on_drift: str = "root", batch_rows: int
     parts: dict[str, list] = {"ledger": [], "tokens": [], "report": []}
     importer = Importer(on_drift)
     for batch in batches:
-        for name, table in zip(parts, importer.add(batch)):
-            parts[name].append(table)
+        for name, rows in zip(parts, importer.add(batch)):
+            parts[name].append(rows)
     summary = importer.summary
     rollouts = results if results is None or isinstance(results, pa.Table) else read_results_jsonl(results)
     summary.results = 0 if rollouts is None else rollouts.num_rows

@@ -36,7 +36,11 @@ def deepest_fend(nodes, path, n_path):
 @jit
 def latest_gen_below(nodes, u, skip):
     """The latest call that leaves node ``u`` into a child other than ``skip`` inside its
-    generation (its prompt ended at or above ``u``), or -1."""
+    generation (its prompt ended at or above ``u``), or -1. GENB holds it unless the latest of
+    all went into ``skip``; only then are the children looked at one by one."""
+    best = nodes[u, T.GENB]
+    if best < 0 or skip < 0 or nodes[skip, T.GEN] != best:
+        return best
     best = -1
     y = nodes[u, T.CHILD]
     while y >= 0:

@@ -12,7 +12,8 @@ what SPEC §8.3 asks for is read off the nodes it passes:
 - ``FEND`` / ``PEND``: the latest call whose F / prompt ends exactly at the node;
 - ``LATEST``: the latest call whose F runs through the edge into the node;
 - ``GEN``: the latest such call whose prompt had ended at or above the edge's start, i.e. for
-  which the edge lies inside its generation.
+  which the edge lies inside its generation; ``GENB``: the largest GEN of the node's children
+  (the latest call that leaves the node inside its generation).
 
 Since calls are inserted in capture order, "latest" is a plain overwrite at insertion. A walk
 costs one comparison per prompt token (each edge holds at least one token), which is the
@@ -32,8 +33,8 @@ import numpy as np
 
 from chainrows.engine.jit import jit
 
-DEPTH, START, PARENT, CHILD, SIB, LATEST, GEN, FEND, PEND, STAMP = range(10)
-NF = 10
+DEPTH, START, PARENT, CHILD, SIB, LATEST, GEN, FEND, PEND, STAMP, GENB = range(11)
+NF = 11
 
 
 def new_nodes(capacity: int = 1024) -> np.ndarray:
@@ -87,10 +88,18 @@ def token_at(prompt, p0, lp, completion, c0, i):
 
 @jit
 def find_child(nodes, arena, x, t):
-    """The child of ``x`` whose edge starts with token ``t``, or -1."""
+    """The child of ``x`` whose edge starts with token ``t``, or -1. A child found is moved to the
+    front of ``x``'s children: the walks of a conversation pass the same child again and again
+    (its rejected retries, inserted later, would otherwise sit in front of it)."""
     y = nodes[x, CHILD]
+    before = -1
     while y >= 0 and arena[nodes[y, START]] != t:
+        before = y
         y = nodes[y, SIB]
+    if y >= 0 and before >= 0:
+        nodes[before, SIB] = nodes[y, SIB]
+        nodes[y, SIB] = nodes[x, CHILD]
+        nodes[x, CHILD] = y
     return y
 
 
@@ -141,6 +150,7 @@ def split(nodes, n_nodes, node, child, pos):
     nodes[m, SIB] = nodes[child, SIB]
     nodes[m, LATEST] = nodes[child, LATEST]
     nodes[m, GEN] = nodes[child, GEN]
+    nodes[m, GENB] = nodes[child, GEN]
     if nodes[node, CHILD] == child:
         nodes[node, CHILD] = m
     else:
@@ -184,13 +194,15 @@ def node_at(nodes, n_nodes, arena, arena_len, node, child, pos, end, prompt, p0,
 @jit
 def mark_path(nodes, leaf, prompt_len, g):
     """Call ``g`` runs from the root down to ``leaf``: LATEST on every node of the path, GEN
-    on those whose edge starts at or below depth ``prompt_len`` (inside g's generation)."""
+    on those whose edge starts at or below depth ``prompt_len`` (inside g's generation), and
+    GENB on the nodes above those."""
     x = leaf
     while x >= 0:
         nodes[x, LATEST] = g
         p = nodes[x, PARENT]
         if p >= 0 and nodes[p, DEPTH] >= prompt_len:
             nodes[x, GEN] = g
+            nodes[p, GENB] = g
         x = p
 
 
