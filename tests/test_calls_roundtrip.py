@@ -9,7 +9,6 @@ tokens tell the parents apart: the synthetic datasets of tests/test_calls_job.py
 from __future__ import annotations
 
 import pyarrow as pa
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -35,12 +35,6 @@ RECORDS = pa.schema([
 ])
 
 
-def records_batch(columns: dict) -> pa.RecordBatch:
-    """A :data:`RECORDS` batch from a dict of column name -> values (Arrow arrays or lists)."""
-    return pa.RecordBatch.from_arrays([pa.array(columns[f.name], f.type) if not isinstance(
-        columns[f.name], pa.Array) else columns[f.name].cast(f.type) for f in RECORDS], schema=RECORDS)
-
-
 @dataclass
 class Lowered:
     """The numpy views of a records batch the kernels read. Offsets are int64 into the flat

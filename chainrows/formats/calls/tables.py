@@ -11,9 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.formats.calls.infer import (
-    DECLARED_MISMATCH, DRIFT, FAILED, NO_TOKEN, RELATIONS,
-)
+from chainrows.formats.calls.infer import DECLARED_MISMATCH, DRIFT, NO_TOKEN, RELATIONS
 from chainrows.formats.calls.records import Lowered
 from chainrows.formats.calls.state import Decided, ImportState
 from chainrows.formats.native.schema import INTEGRITY_FIELD, LEDGER_SCHEMA, LOGPROBS_FIELD, TOKENS_SCHEMA
@@ -120,10 +118,4 @@ def _report_rows(batch: pa.RecordBatch, low: Lowered, dec: Decided, parent: pa.A
     }, schema=REPORT)
 
 
-def relation_counts(dec: Decided) -> np.ndarray:
-    """Records of each relation (RELATIONS order) in the chunk."""
-    return np.bincount(dec.relation, minlength=len(RELATIONS))
-
-
-__all__ = ["LEDGER", "TOKENS", "REPORT", "ON_DRIFT", "chunk_tables", "integrity_errors",
-           "relation_counts", "FAILED"]
+__all__ = ["LEDGER", "TOKENS", "REPORT", "ON_DRIFT", "chunk_tables", "integrity_errors"]
