@@ -184,6 +184,12 @@ def check_code_name(token: str) -> str | None:
     return f"`{token}`: resolves as none of {candidates}"
 
 
+def pending(path: str, page: Path) -> bool:
+    """A path cited before it exists (PENDING), read from the root or from the page."""
+    path = path.rstrip("/")
+    return path in PENDING or (page.parent / path).resolve() in {(ROOT / p).resolve() for p in PENDING}
+
+
 def find_path(path: str, page: Path) -> Path | None:
     for base in (ROOT, page.parent, ROOT / "chainrows"):
         if (base / path).exists():
@@ -203,7 +209,7 @@ def check_path(token: str, page: Path) -> str | None:
     m = re.fullmatch(r"([\w./-]+?\.(?:py|md|ipynb))(?:::?(\w+)| (\w+))?", token)
     if m:
         path, attr = m.group(1), m.group(2) or m.group(3)
-        if path in PENDING:
+        if pending(path, page):
             return None
         found = find_path(path, page)
         if found is None:
@@ -222,7 +228,7 @@ def check_path(token: str, page: Path) -> str | None:
             return None if resolves(dotted) else f"`{token}`: {dotted} does not resolve"
         return f"`{token}`: no module {module}.py"
     if token.startswith(TOP_DIRS) and re.fullmatch(r"[\w./-]+", token):
-        if token.rstrip("/") in {p.rstrip("/") for p in PENDING} or find_path(token, page):
+        if pending(token, page) or find_path(token, page):
             return None
         return f"`{token}`: no such path"
     return None
@@ -272,11 +278,10 @@ def test_every_link_resolves(page):
             continue
         path, _, anchor = link.partition("#")
         target = (page.parent / path).resolve() if path else page
-        shown = str((page.parent / path).relative_to(ROOT)) if path and not path.startswith("..") else path
         if path and (path.startswith("..") and page.parent == ROOT or ROOT not in target.parents and target != ROOT):
             problems.append(f"{link}: outside the repository")
         elif path and not target.exists():
-            if shown not in PENDING:
+            if not pending(path, page):
                 problems.append(f"{link}: no such file")
         elif anchor and target.suffix == ".md" and anchor not in anchors(target):
             problems.append(f"{link}: no heading #{anchor} in {target.name}")
