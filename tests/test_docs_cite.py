@@ -7,7 +7,9 @@ Every page is read as a user reads it, and each of these fails on a stale citati
   ``pq.read_table``) resolve; ``path.py name`` and ``path.py:name`` forms too;
 - paths in backticks (``chainrows/engine/cut.py``, ``tests/cases.py``, ``runners/bulk/job.py``
   read under ``chainrows/``, a bare ``test_bulk.py``; ``file.py::test_name``) exist;
-- every relative link resolves, and its ``#anchor`` names a heading of the target;
+- every relative link resolves, and its ``#anchor`` names a heading of the target; a section
+  named in quotes after a page (``README "Output"``, ``limits.md "Huge pages"``) begins a
+  heading of that page;
 - every ``--flag`` a page shows on a command line (in a code block, or in backticks after
   ``chainrows COMMAND``, ``python -m chainrows COMMAND`` or ``python -m asv_benchmarks.NAME``)
   is in that command's real ``--help`` usage; a lone `--flag` in backticks is a flag of a
@@ -285,6 +287,30 @@ def test_every_link_resolves(page):
                 problems.append(f"{link}: no such file")
         elif anchor and target.suffix == ".md" and anchor not in anchors(target):
             problems.append(f"{link}: no heading #{anchor} in {target.name}")
+    assert not problems, f"{rel(page)}:\n" + "\n".join(problems)
+
+
+def headings(page: Path) -> list[str]:
+    prose, _ = split_fences(page.read_text(encoding="utf-8"))
+    return [h.replace("`", "").strip() for h in re.findall(r"^#+ (.+)$", prose, re.M)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_every_section_named_exists(page):
+    """`README "Output"`, `limits.md "Memory budget"`, `[limits.md](limits.md) "Huge pages"`:
+    the quoted name begins a heading of that page."""
+    prose, _ = split_fences(page.read_text(encoding="utf-8"))
+    problems = []
+    for target, names in re.findall(r'(README|[\w-]+\.md)(?:\]\([^)]*\))?,? ((?:"[^"\n]+"(?:,? (?:and )?)?)+)',
+                                    prose):
+        path = ROOT / "README.md" if target == "README" else page.parent / target
+        if not path.exists():
+            path = ROOT / "docs" / target
+        if not path.exists():
+            continue  # a missing page is the link and path tests' to report
+        for name in re.findall(r'"([^"\n]+)"', names):
+            if not any(h.startswith(name) for h in headings(path)):
+                problems.append(f'{target} "{name}": no such section')
     assert not problems, f"{rel(page)}:\n" + "\n".join(problems)
 
 
