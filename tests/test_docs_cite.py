@@ -35,7 +35,9 @@ from pathlib import Path
 
 import pytest
 
-from test_architecture_doc import resolve_dotted  # tests/ is on sys.path (conftest.py)
+# The architecture page's reader: its resolver of dotted names, and its split of a page into
+# bullets, table rows and paragraphs (a flag is read against the commands of its own).
+from test_architecture_doc import _groups as paragraphs, resolve_dotted  # tests/ is on sys.path (conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
@@ -96,22 +98,6 @@ def split_fences(text: str) -> tuple[str, list[tuple[str, str, str]]]:
         prose.extend([""] * (j + 1 - i))
         i = j + 1
     return "\n".join(prose), blocks
-
-
-def paragraphs(prose: str) -> list[str]:
-    """Bullets, table rows and paragraphs (a flag is read against the commands of its own)."""
-    groups, current = [], []
-    for line in prose.splitlines():
-        starts = line.lstrip().startswith(("- ", "|", "#")) or re.match(r"\s*\d+\. ", line)
-        if not line.strip() or starts:
-            if current:
-                groups.append("\n".join(current))
-            current = [line] if line.strip() else []
-        else:
-            current.append(line)
-    if current:
-        groups.append("\n".join(current))
-    return groups
 
 
 def spans(text: str) -> list[str]:
