@@ -185,22 +185,4 @@ def test_integrity_error_column_masks_what_format_md_says(tmp_path):
     assert "`integrity_error is set: call <call_id>: <text>`" in (DOCS / "format.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("doc", ["format.md", "reasons.md", "trainers.md", "performance.md"])
-def test_relative_links_resolve(doc):
-    text = (DOCS / doc).read_text(encoding="utf-8")
-    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
-    local = [l for l in links if "://" not in l]
-    assert local, doc
-    for link in local:
-        assert (DOCS / link).exists(), (doc, link)
-
-
-def test_readme_links_stay_inside_the_repo():
-    """Users get the repo, not the design folder: every README link is a repo path that exists."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    links = re.findall(r"\]\(([^)\s]+)\)", text)
-    assert links
-    for link in links:
-        path = link.split("#")[0]
-        assert "://" not in link and not path.startswith(".."), link
-        assert not path or (ROOT / path).exists(), link
+# Links of every page (README and docs/*.md) are checked in tests/test_docs_cite.py.
