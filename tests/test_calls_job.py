@@ -252,8 +252,8 @@ def big_log(tmp_path_factory) -> dict:
     from asv_benchmarks.call_logs import write_call_log
 
     root = tmp_path_factory.mktemp("big")
-    jsonl, results = write_call_log(root / "j", 1400 << 20, seed=5, fmt="jsonl")
-    parquet, _ = write_call_log(root / "p", 1400 << 20, seed=5, fmt="parquet")
+    jsonl, results = write_call_log(root / "j", 1600 << 20, seed=5, fmt="jsonl")
+    parquet, _ = write_call_log(root / "p", 1600 << 20, seed=5, fmt="parquet")
     return {"jsonl": jsonl, "parquet": parquet, "results": results, "root": root}
 
 
@@ -262,13 +262,18 @@ def big_log(tmp_path_factory) -> dict:
 def test_a_log_four_times_the_budget_imports_under_it_with_the_same_bytes(big_log):
     from peaks import peak_run
 
-    budget = 512 << 20
-    assert big_log["jsonl"].stat().st_size >= 4 * budget
     root = big_log["root"]
+    # the unbounded run also warms Numba's on-disk cache: a cold compile inflates the baseline the
+    # process measures (a one-time cost, not data memory), and with it the smallest budget
     rc, _, _ = peak_run("import-calls", big_log["jsonl"], big_log["results"], root / "unbounded")
     assert rc == 0
+    rc, _, refused = peak_run("import-calls", big_log["jsonl"], big_log["results"], root / "no",
+                              "--memory-budget", "1MiB")
+    smallest = int(refused.stderr.strip().rsplit(" is ", 1)[1].split()[0].replace(",", ""))
+    budget = max(512, smallest + 16) << 20
+    assert big_log["jsonl"].stat().st_size >= 4 * budget, (big_log["jsonl"].stat().st_size, budget)
     rc, peak, res = peak_run("import-calls", big_log["jsonl"], big_log["results"], root / "bounded",
-                             "--memory-budget", "512MiB")
+                             "--memory-budget", f"{budget >> 20}MiB")
     assert rc == 0, res.stderr
     assert peak < budget, f"peak RSS {peak >> 20} MiB over the {budget >> 20} MiB budget\n{res.stdout}"
     assert _files(root / "bounded") == _files(root / "unbounded")

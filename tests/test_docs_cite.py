@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 # Cited before they exist: pages written on another branch of the same change. Remove an entry
 # once its file is in the tree.
-PENDING = {"docs/calls.md"}
+PENDING: set = set()
 
 # The data a snippet finds in its working directory (built once, copied per snippet):
 #   DATA/                         a synthetic dataset (`chainrows synth`, 40 rollouts, a few corrupt)
@@ -51,8 +51,9 @@ PENDING = {"docs/calls.md"}
 #   ledger.jsonl, tokens.jsonl, results.jsonl   the complete example of docs/jsonl.md
 #   dump/                         the NeMo Gym example dump (examples/gym/dump)
 #   calls.parquet, calls-results.jsonl          a consistent dataset written back as a call log
+#   data/                         `chainrows import-calls calls.parquet calls-results.jsonl data`
 SNIPPET_DIR_CONTENTS = ("DATA", "OUT", "ledger.jsonl", "tokens.jsonl", "results.jsonl", "dump",
-                        "calls.parquet", "calls-results.jsonl")
+                        "calls.parquet", "calls-results.jsonl", "data")
 # What a plain install lacks: a snippet that imports one of these needs `<!-- not run: ... -->`.
 NOT_INSTALLED = ("pandas", "torch", "jax", "ray", "matplotlib", "tensorflow")
 PRELUDE = f"""\
@@ -437,6 +438,10 @@ def snippet_data(tmp_path_factory) -> Path:
     pq.write_table(export_calls(clean.ledger, clean.tokens), d / "calls.parquet")
     write_results_jsonl(d / "calls-results.jsonl", clean.rollouts)
     shutil.rmtree(d / "clean")
+    imported = subprocess.run([sys.executable, "-m", "chainrows", "import-calls", "calls.parquet",
+                               "calls-results.jsonl", "data", "--no-progress"], cwd=d, capture_output=True,
+                              text=True, timeout=600)
+    assert imported.returncode == 0, imported.stderr
     assert sorted(p.name for p in d.iterdir()) == sorted(SNIPPET_DIR_CONTENTS)
     return d
 
