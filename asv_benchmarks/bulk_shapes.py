@@ -308,9 +308,11 @@ def _lock_work(work: Path):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.bulk_shapes", description=__doc__.splitlines()[0])
-    ap.add_argument("--gb", type=float, default=2.1)
-    ap.add_argument("--shapes", default=",".join([*SHAPES, *DERIVED_SHAPES]))
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--gb", type=float, default=2.1, help="token + logprob GB of each shape's dataset (default 2.1)")
+    ap.add_argument("--shapes", default=",".join([*SHAPES, *DERIVED_SHAPES]),
+                    help="comma list of the shapes to run (default: all, %(default)s)")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="interleaved runs of the CLI and the floor; the best counts (default 2)")
     ap.add_argument("--work", default=None, help="where outputs go (default: the benchmark cache)")
     ap.add_argument("--api", action="store_true", help="also the API against the copy floor")
     ap.add_argument("--retained", action="store_true",

@@ -121,9 +121,9 @@ def main(argv=None) -> int:
     import chainrows
     from chainrows.formats.native.dataset import read_dataset
 
-    ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.per_call_floor", description=__doc__.splitlines()[0])
-    ap.add_argument("dataset")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.per_call_floor", description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("dataset", help="a dataset directory (SPEC §2), e.g. one asv_benchmarks.shapes wrote")
+    ap.add_argument("--repeats", type=int, default=5, help="best of this many runs of each pass (default 5)")
     a = ap.parse_args(argv)
     ds = read_dataset(a.dataset)
     tables = (ds.ledger, ds.tokens, ds.rollouts)

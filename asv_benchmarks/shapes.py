@@ -229,10 +229,11 @@ if __name__ == "__main__":
     import time
 
     ap = argparse.ArgumentParser(prog="python -m asv_benchmarks.shapes", description=__doc__.splitlines()[0])
-    ap.add_argument("out")
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="capture")
-    ap.add_argument("--gb", type=float, default=2.0, help="token + logprob bytes, in GB")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("out", help="the dataset directory to write")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="capture",
+                    help="capture order, token rows shuffled, or many short calls (default capture)")
+    ap.add_argument("--gb", type=float, default=2.0, help="token + logprob bytes, in GB (default 2.0)")
+    ap.add_argument("--seed", type=int, default=0, help="the same seed writes the same dataset (default 0)")
     a = ap.parse_args()
     t0 = time.perf_counter()
     path = write_shaped_dataset(a.out, a.shape, int(a.gb * 1e9), a.seed)

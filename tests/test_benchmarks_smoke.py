@@ -123,6 +123,40 @@ def test_side_by_side_runs_as_a_module():
     assert "--big-gb" in p.stdout and "--quick" in p.stdout
 
 
+SCRIPTS = sorted(p.stem for p in (ROOT / "asv_benchmarks").glob("*.py") if '__name__ == "__main__"' in p.read_text())
+
+
+def _undescribed(help_text: str) -> list[str]:
+    """The arguments argparse lists under 'positional arguments:' or 'options:' with no
+    description (none on their line, and no deeper-indented line after it)."""
+    missing, section = [], False
+    lines = help_text.splitlines()
+    for k, line in enumerate(lines):
+        if line.endswith(":") and not line.startswith(" "):
+            section = line in ("positional arguments:", "options:", "optional arguments:")
+            continue
+        if not section or not line.startswith("  ") or line.startswith("   "):
+            continue
+        name, _, rest = line.strip().partition("  ")
+        follows = lines[k + 1] if k + 1 < len(lines) else ""
+        if not rest.strip() and not follows.startswith("   "):
+            missing.append(name)
+    return missing
+
+
+def test_benchmark_scripts_are_found():
+    assert {"bulk_shapes", "gym", "per_call_floor", "ray_bench", "shapes", "side_by_side"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_benchmark_script_describes_each_flag(script):
+    """``python -m asv_benchmarks.SCRIPT --help`` runs and describes every argument."""
+    p = subprocess.run([sys.executable, "-m", f"asv_benchmarks.{script}", "--help"], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.startswith("usage: "), p.stderr[-2000:]
+    assert _undescribed(p.stdout) == [], p.stdout
+
+
 def test_shaped_datasets_have_the_shapes_they_claim(tmp_path):
     """capture: each group's rows close together; shuffled: token rows spread; every shape has
     multi-chunk columns as pyarrow reads them and logprobs; and chainrows decides them as the

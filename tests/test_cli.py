@@ -32,6 +32,7 @@ from test_fuzz import (  # noqa: F401  (cli is a fixture)
     build_tables,
     cli,
     read_output,
+    without_compile_notice,
     write_dir,
 )
 from builders import one_call, single_chain, worked_example
@@ -527,6 +528,27 @@ def test_compile_notice_only_while_numba_compiles(capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("flag, said", [([], True), (["--progress"], True), (["--no-progress"], False)])
+def test_compile_notice_is_said_when_stderr_is_not_a_terminal(tmp_path, capsys, monkeypatch, flag, said):
+    """A CI or batch log (stderr not a terminal, as under capsys) shows the notice too, so the
+    first run's seconds of compiling are not silence; --no-progress silences it."""
+    import numba
+
+    from chainrows.cli.common import COMPILING
+    from chainrows.runners import bulk
+    from chainrows.runners.bulk.summary import Summary
+
+    assert not sys.stderr.isatty()
+
+    def run(*args, **kwargs):
+        numba.njit(lambda x: x * 5)(2)  # a fresh function: Numba compiles it now
+        return Summary(rollouts=1, seconds=0.01)
+
+    monkeypatch.setattr(bulk, "run", run)
+    assert cli_main(["reassemble", str(tmp_path / "data"), str(tmp_path / "out"), *flag]) == 0
+    assert capsys.readouterr().err == (COMPILING + "\n" if said else "")
+
+
 def _encrypted(path: Path, table: pa.Table, columns: list[str], plaintext_footer: bool) -> None:
     """``table`` written to ``path`` with Parquet modular encryption of ``columns`` (a toy KMS)."""
     import base64
@@ -641,8 +663,10 @@ def test_output_on_a_read_only_filesystem(cli, good):
 def _real(*argv, timeout=180):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env.pop("CHAINROWS_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "chainrows.cli", *map(str, argv)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run([sys.executable, "-m", "chainrows.cli", *map(str, argv)], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=timeout)
+    p.stderr = without_compile_notice(p.stderr)
+    return p
 
 
 def test_real_process_exit_codes(good, tmp_path):
@@ -800,7 +824,7 @@ def test_no_std_on_rewards_beyond_float32_saturates_without_a_numpy_warning(tmp_
                            data / "rollouts.parquet")
     res = subprocess.run([sys.executable, "-m", "chainrows", "reassemble", str(data), str(tmp_path / "out"),
                           "--no-std"], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert res.returncode == 0 and without_compile_notice(res.stderr) == "", res.stderr
     top = float(np.finfo(np.float32).max)
     report = pq.read_table(tmp_path / "out" / "report.parquet")
     adv = dict(zip(report["rollout_id"].to_pylist(), report["advantage"].to_pylist()))
@@ -824,7 +848,7 @@ def test_the_command_keeps_pandas_out_of_its_process(good, tmp_path, module):
             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True,
                        timeout=600)
-    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert p.returncode == 0 and without_compile_notice(p.stderr) == "", p.stderr
     assert p.stdout.splitlines()[-1] == "pandas imported: False", p.stdout
     assert pq.read_table(out / "rows").num_rows > 0
 

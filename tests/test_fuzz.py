@@ -125,6 +125,14 @@ for line in sys.stdin:
 """
 
 
+def without_compile_notice(stderr: str) -> str:
+    """``stderr`` without the line a command says while Numba compiles kernels (chainrows.cli.common
+    .COMPILING): said on a cold or stale kernel cache only, so it depends on what ran before."""
+    from chainrows.cli.common import COMPILING
+
+    return stderr.replace(COMPILING + "\n", "")
+
+
 @dataclass
 class CliResult:
     rc: int | str  # exit code; -N for a signal; "timeout"
@@ -177,7 +185,7 @@ class CliWorker:
             rc = self.proc.wait()
             self.proc = None
             return CliResult(rc if rc < 0 else f"died({rc})", text(out), text(err))
-        return CliResult(json.loads(line)["rc"], text(out), text(err))
+        return CliResult(json.loads(line)["rc"], text(out), without_compile_notice(text(err)))
 
     def run(self, *argv, timeout: float = 120) -> CliResult:
         return self._request({"argv": [str(a) for a in argv]}, timeout)

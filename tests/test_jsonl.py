@@ -396,3 +396,24 @@ def test_a_surrogate_pair_escape_is_text_and_a_huge_logprob_is_inf(tmp_path):
     toks = _lines(tmp_path / "t.jsonl", '{"rollout_id": "r1", "call_id": "c1", "tokens": [1, 2], '
                                         '"logprobs": [0.0, -1' + "0" * 400 + "]}")
     assert read_tokens_jsonl(toks).column("logprobs").to_pylist() == [[0.0, float("-inf")]]
+
+
+@pytest.mark.parametrize("order", [("tokens", "ledger", "results"), ("results", "tokens", "ledger"),
+                                   ("ledger", "results", "tokens"), ("tokens", "results", "ledger"),
+                                   ("results", "ledger", "tokens")])
+def test_files_in_the_wrong_order_hint_at_the_order(tmp_path, order):
+    """A file given in another's place fails on its first record, and the one-line error says
+    which kind of record it looks like and the order the files go in."""
+    files = _doc_files(tmp_path)
+    text = _err(import_jsonl, *(files[kind] for kind in order))
+    slot = next(s for s, kind in zip(("ledger", "tokens", "results"), order) if s != kind)
+    given = order[("ledger", "tokens", "results").index(slot)]
+    assert text.startswith(f"{slot}: line 1: field "), text
+    assert f"it looks like a {given} record" in text, text
+    assert "the three files go in the order LEDGER TOKENS RESULTS" in text and str(files[given]) in text, text
+
+
+def test_a_bad_record_of_the_right_file_has_no_order_hint(tmp_path):
+    ledger = _lines(tmp_path / "ledger.jsonl", {"rollout_id": "r1", "call_id": "c1", "prev_len": 0})
+    text = _err(read_ledger_jsonl, ledger)
+    assert "response_id' is missing" in text and "order" not in text, text

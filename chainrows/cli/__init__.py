@@ -176,7 +176,8 @@ def _run_options(r):
                    help="peak memory of the whole process to stay under, e.g. 512MiB (default 4GiB)")
     r.add_argument("--threads", type=at_least_one, default=None, help="kernel threads (default: all cores)")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars and notes on stderr (default: when stderr is a terminal)")
+                   help="progress bars on stderr (default: when stderr is a terminal); "
+                        "--no-progress also silences the note said while kernels compile")
 
 
 def _options(a) -> options.Options:

@@ -77,10 +77,11 @@ COMPILING = "compiling kernels (first run; later runs load them from the cache).
 
 
 class CompileNotice:
-    """While installed, says COMPILING once on stderr (under the progress bars' rule: a
-    terminal, unless ``--progress``/``--no-progress``) when Numba starts compiling a kernel,
+    """While installed, says COMPILING once on stderr when Numba starts compiling a kernel,
     i.e. only on a cold or stale kernel cache: loading cached kernels raises no compile event.
-    ``seconds``: time spent compiling (outermost compiles only)."""
+    Said whether or not stderr is a terminal (a CI or batch log would otherwise show seconds of
+    silence); ``enabled=False`` (``--no-progress``) silences it. ``seconds``: time spent
+    compiling (outermost compiles only)."""
 
     def __init__(self, enabled: bool | None):
         from numba.core import event
@@ -101,7 +102,7 @@ class CompileNotice:
                 if self._depth == 0:
                     self.seconds += time.perf_counter() - self._t0
 
-        self.enabled, self.said, self.seconds = enabled, False, 0.0
+        self.enabled, self.said, self.seconds = enabled is not False, False, 0.0
         self._depth, self._t0 = 0, 0.0
         self._cm = event.install_listener("numba:compile", Listener())
 

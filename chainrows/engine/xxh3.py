@@ -281,6 +281,8 @@ def _long_stripes_codegen(context, builder, signature, args):
     token last_off, secret at byte 121 (= word 15 shifted down a byte, spliced with word 16).
     Keys are rebuilt from _K8 and the seed on every call (LLVM hoists them out of the loop); the
     custom secret is never stored and nothing is allocated.
+
+    Over 90 lines on purpose: one IR loop nest whose blocks and phis refer to each other, read top down.
     """
     p, n_blocks, n_rest, last_off, seed = args
     i32 = ir.IntType(32)

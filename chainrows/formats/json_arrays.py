@@ -17,6 +17,13 @@ whose mantissa fits 2**53 and whose power of ten is within 22, is computed in on
 rounded IEEE operation (Clinger's fast path); every other literal is returned in ``slow`` (its
 byte span and slot) for the caller to convert with Arrow's correctly rounded cast
 (:func:`convert_slow`).
+
+Two stricter kinds (NeMo Gym's staged lines, chainrows.formats.gym.fast) refuse ``null`` (NOT_ARRAY)
+and read the whole number before judging it: ``U64``, integers of at most 19 digits (every u64
+below 10**19; a fraction or an exponent is NOT_INT, 20 digits or more BIG_INT) kept mod 2**64 in
+the int64 buffer (view it as uint64): a negative one wraps and its field's state is WRAPPED
+rather than ARRAY; ``FLOAT_STRICT``, FLOAT whose integer literals of more than 15 digits are
+BIG_INT rather than slow.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ import numpy as np
 
 from chainrows.engine.jit import jit
 
-INT, FLOAT = 0, 1          # field kinds
-ABSENT, ARRAY, NULL = 0, 1, 2  # a field's state in a line
+INT, FLOAT, U64, FLOAT_STRICT = 0, 1, 2, 3  # field kinds
+ABSENT, ARRAY, NULL, WRAPPED = 0, 1, 2, 3  # a field's state in a line
 OK, NOT_OBJECT, KEY_ESCAPE, REPEATED, NOT_ARRAY, BAD_NUMBER, BIG_INT, NOT_INT, UNCLOSED = range(9)
 REASONS = ("ok", "not an object", "escaped top-level key", "key repeated", "value is not an array",
            "not a JSON number", "integer too long", "not an integer", "unterminated")
@@ -171,22 +178,61 @@ def _int_array(buf, i, end, ints, n):
 
 
 @jit
+def _u64_array(buf, i, end, ints, n):
+    """As :func:`_int_array`, for the U64 kind: integers of at most 19 digits, mod 2**64.
+    Returns (next index, status, values written, a negative one seen)."""
+    wrapped = False
+    while True:
+        i, st, neg, m, sig, frac, e, e_digits, is_int = _number(buf, i, end)
+        if st != OK:
+            return i, st, n, wrapped
+        if not is_int:
+            return i, NOT_INT, n, wrapped
+        if sig > 19:
+            return i, BIG_INT, n, wrapped
+        if neg and m != 0:
+            wrapped = True
+            m = ~m + np.uint64(1)
+        ints[n] = m
+        n += 1
+        i = _ws(buf, i, end)
+        if i < end and buf[i] == 44:  # ','
+            i = _ws(buf, i + 1, end)
+            continue
+        if i < end and buf[i] == 93:  # ']'
+            return i + 1, OK, n, wrapped
+        return i, BAD_NUMBER, n, wrapped
+
+
+@jit(inline="always")
+def _buffer(kind):
+    """Which buffer a kind's values go to: INT (``ints``) or FLOAT (``floats``)."""
+    return INT if kind == INT or kind == U64 else FLOAT
+
+
+@jit
 def _array(buf, i, end, kind, ints, floats, counts, slow, n_slow, pow10):
-    """Parse the array at ``buf[i] == '['`` into ``ints`` or ``floats`` (``counts[kind]``
-    values so far). Returns (next index, status, ints, floats, slow, n_slow)."""
+    """Parse the array at ``buf[i] == '['`` into ``ints`` or ``floats`` (``counts[_buffer(kind)]``
+    values so far). Returns (next index, status, a U64 value wrapped, ints, floats, slow, n_slow)."""
     i = _ws(buf, i + 1, end)
     if i < end and buf[i] == 93:  # ']'
-        return i + 1, OK, ints, floats, slow, n_slow
-    if kind == INT:
+        return i + 1, OK, False, ints, floats, slow, n_slow
+    if kind == INT or kind == U64:
         ints = _grow(ints, counts[INT] + (end - i) // 2 + 1)  # a value takes at least 2 bytes
-        i, st, counts[INT] = _int_array(buf, i, end, ints, counts[INT])
-        return i, st, ints, floats, slow, n_slow
+        wrapped = False
+        if kind == INT:
+            i, st, counts[INT] = _int_array(buf, i, end, ints, counts[INT])
+        else:
+            i, st, counts[INT], wrapped = _u64_array(buf, i, end, ints, counts[INT])
+        return i, st, wrapped, ints, floats, slow, n_slow
     floats = _grow(floats, counts[FLOAT] + (end - i) // 2 + 1)
     while True:
         n0 = i
         i, st, neg, m, sig, frac, e, e_digits, is_int = _number(buf, i, end)
         if st != OK:
-            return i, st, ints, floats, slow, n_slow
+            return i, st, False, ints, floats, slow, n_slow
+        if kind == FLOAT_STRICT and is_int and sig > 15:
+            return i, BIG_INT, False, ints, floats, slow, n_slow
         v, exact = _float_value(neg, m, sig, frac, e, e_digits, is_int, pow10)
         if not exact:
             slow = _grow(slow, 3 * (n_slow + 1))
@@ -199,8 +245,8 @@ def _array(buf, i, end, kind, ints, floats, counts, slow, n_slow, pow10):
             i = _ws(buf, i + 1, end)
             continue
         if i < end and buf[i] == 93:  # ']'
-            return i + 1, OK, ints, floats, slow, n_slow
-        return i, BAD_NUMBER, ints, floats, slow, n_slow
+            return i + 1, OK, False, ints, floats, slow, n_slow
+        return i, BAD_NUMBER, False, ints, floats, slow, n_slow
 
 
 @jit
@@ -235,31 +281,34 @@ def _string(buf, i, end):
 @jit
 def _value(buf, i, end, ln, f, kinds, state, spans, ranges, ints, floats, counts, slow, n_slow, pow10):
     """The value of field ``f`` after its key (``buf[i]`` just past the closing quote): an array
-    parsed, or ``null``. Returns (next index, status, ints, floats, slow, n_slow)."""
+    parsed, or ``null`` (INT and FLOAT kinds). Returns (next index, status, ints, floats, slow,
+    n_slow)."""
     i = _ws(buf, i, end)
     if i >= end or buf[i] != 58:  # ':'
         return i, NOT_ARRAY, ints, floats, slow, n_slow
     i = _ws(buf, i + 1, end)
-    if i + 4 <= end and buf[i] == 110 and buf[i + 1] == 117 and buf[i + 2] == 108 and buf[i + 3] == 108:
+    k = kinds[f]
+    if (k == INT or k == FLOAT) and i + 4 <= end and buf[i] == 110 and buf[i + 1] == 117 and buf[i + 2] == 108 \
+            and buf[i + 3] == 108:
         state[ln, f] = NULL
         return i + 4, OK, ints, floats, slow, n_slow
     if i >= end or buf[i] != 91:  # '['
         return i, NOT_ARRAY, ints, floats, slow, n_slow
-    k = kinds[f]
+    b = _buffer(k)
     spans[ln, 2 * f] = i
-    ranges[ln, 2 * f] = counts[k]
-    i, st, ints, floats, slow, n_slow = _array(buf, i, end, k, ints, floats, counts, slow, n_slow, pow10)
-    state[ln, f] = ARRAY
+    ranges[ln, 2 * f] = counts[b]
+    i, st, wrapped, ints, floats, slow, n_slow = _array(buf, i, end, k, ints, floats, counts, slow, n_slow, pow10)
+    state[ln, f] = WRAPPED if wrapped else ARRAY
     spans[ln, 2 * f + 1] = i
-    ranges[ln, 2 * f + 1] = counts[k]
+    ranges[ln, 2 * f + 1] = counts[b]
     return i, st, ints, floats, slow, n_slow
 
 
 @jit
 def scan(buf, starts, ends, names, name_off, kinds, pow10):
     """Per line ``buf[starts[l]:ends[l]]``: ``status`` (OK or the reason it is doubtful); per
-    field f, ``state`` (ABSENT, ARRAY, NULL), the value's byte span ``spans[l, 2f:2f+2]`` and its
-    values ``ranges[l, 2f:2f+2]`` in ``ints`` or ``floats`` (by ``kinds[f]``); ``slow``: (start,
+    field f, ``state`` (ABSENT, ARRAY, NULL, WRAPPED), the value's byte span ``spans[l, 2f:2f+2]``
+    and its values ``ranges[l, 2f:2f+2]`` in ``ints`` or ``floats`` (by ``kinds[f]``); ``slow``: (start,
     end, slot in ``floats``) of the float literals left to :func:`convert_slow`. A doubtful line
     leaves no values behind."""
     n_lines, n_fields = len(starts), len(kinds)

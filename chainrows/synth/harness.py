@@ -162,8 +162,24 @@ def simulate(cfg: Cfg, i: int) -> Rollout:
         u = r.random()
         if kind is None and u < cfg.forest_rate:
             shape = "workers" if u < cfg.worker_rate else "fork"
+    par, last, retries = _structure(cfg, r, need, shape)
+    # ids: ~15 % of harnesses drop every item id; the others keep ~92 % of them.
+    with_ids = 0.0 if r.random() < 0.15 else 0.92
+    group_prompt, p_success = cfg.group(i // cfg.group_size)
+    calls, spans, acc = _capture(cfg, r, par, last, retries, with_ids, len(group_prompt))
+    ro = Rollout()
+    ro.tok, ro.lp = _tokens(cfg, rng, calls, spans, group_prompt)
+    ro.calls, ro.kind = calls, kind
+    ro.tok_rows = [[c[CID], s[0], s[0] + s[1] + s[2], s[0], s[0] + s[1] + s[2]] for c, s in zip(calls, spans)]
+    ro.ro_rows = [_rollouts_row(cfg, r, i, calls, acc, need, p_success)]
+    if kind is not None:
+        corrupt_rollout(ro, kind, r, acc, spans, cfg)
+    return ro
 
-    # ---- structure: accepted calls (their parents among them), compactions, retries
+
+def _structure(cfg: Cfg, r: random.Random, need: dict, shape: str | None) -> tuple[list, list, list]:
+    """The accepted calls: each one's parent among them (None for a root: the first call and
+    each compaction), whether it ends its chain, and its rejected retries (0, 1 or 2)."""
     p_stop = 1.0 / cfg.mean_calls
     n_acc = 1
     while r.random() >= p_stop and n_acc < 400:
@@ -194,22 +210,22 @@ def simulate(cfg: Cfg, i: int) -> Rollout:
             retries[0] = 0
             if not any(retries):
                 retries[r.randrange(1, n_acc)] = 1
+    return par, last, retries
 
-    # ids: ~15 % of harnesses drop every item id; the others keep ~92 % of them.
-    with_ids = 0.0 if r.random() < 0.15 else 0.92
 
-    # ---- calls in capture order: [retries of j..., j] for each accepted j
-    group_prompt, p_success = cfg.group(i // cfg.group_size)
-    calls = []  # lists indexed by CID...
-    spans = []  # (start, carry_len, gen_len, kind_of_carry, copy_from) per call, capture order
-    acc = []  # capture positions of the accepted calls, in order
+def _capture(cfg: Cfg, r: random.Random, par: list, last: list, retries: list, with_ids: float,
+             prompt_len: int) -> tuple[list, list, list]:
+    """The calls in capture order (``[retries of j..., j]`` for each accepted j), their token
+    spans ``(start, carry_len, gen_len, kind_of_carry, copy_from)`` and the capture positions of
+    the accepted calls. Chain hashes are filled in later (``_tokens``)."""
+    calls, spans, acc = [], [], []
     pos = 0
     acc_cid, acc_full = [], []  # per accepted call: call id, prev_len + delta_len
     k_call = 0
-    for j in range(n_acc):
+    for j in range(len(par)):
         root = par[j] is None
         if j == 0:
-            carry, carry_kind = len(group_prompt), 1
+            carry, carry_kind = prompt_len, 1
         elif root:
             sum_len = _lognormal_len(r, max(1.0, 0.3 * cfg.prompt_tokens), 0.5, 6)
             carry, carry_kind = cfg.sys_len + sum_len, 2
@@ -217,11 +233,10 @@ def simulate(cfg: Cfg, i: int) -> Rollout:
             carry, carry_kind = _lognormal_len(r, cfg.mean_obs, 1.0, 20), 0
         parent = None if root else acc_cid[par[j]]
         prev = 0 if root else acc_full[par[j]]
-        final = last[j]
         first_of_j = len(spans)
         for t in range(retries[j] + 1):
             gen = _lognormal_len(r, cfg.mean_gen, 0.9, 16)
-            keys, ids = call_items(r, final, with_ids)
+            keys, ids = call_items(r, last[j], with_ids)
             if with_ids == 0.0 and r.random() < 0.5:
                 ids = None  # a null id list: every id null
             k_call += 1
@@ -232,9 +247,14 @@ def simulate(cfg: Cfg, i: int) -> Rollout:
         acc.append(len(calls) - 1)
         acc_cid.append(cid)
         acc_full.append(prev + carry + gen)
+    return calls, spans, acc
 
-    # ---- tokens and logprobs (one draw per rollout), then chain hashes in capture order
-    total = pos
+
+def _tokens(cfg: Cfg, rng: np.random.Generator, calls: list, spans: list,
+            group_prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The rollout's tokens and logprobs (one draw each), and each call's chain hash, set in
+    capture order. A retry repeats its group's first request; a root starts with the prompt."""
+    total = spans[-1][0] + spans[-1][1] + spans[-1][2] if spans else 0
     tok = rng.integers(0, cfg.vocab, total, dtype=np.int32)
     gens = sum(s[2] for s in spans)
     lp = None
@@ -259,9 +279,13 @@ def simulate(cfg: Cfg, i: int) -> Rollout:
         if lp is not None:
             lp[start + carry : end] = noise[g0 : g0 + gen]
             g0 += gen
-    tok_rows = [[c[CID], s[0], s[0] + s[1] + s[2], s[0], s[0] + s[1] + s[2]] for c, s in zip(calls, spans)]
+    return tok, lp
 
-    # ---- the rollouts row
+
+def _rollouts_row(cfg: Cfg, r: random.Random, i: int, calls: list, acc: list, need: dict,
+                  p_success: float) -> list:
+    """The rollouts row: output items and ids (of the accepted calls), terminal response,
+    accepted list and reward."""
     out_keys, out_ids = [], []
     for a in acc:
         c = calls[a]
@@ -282,11 +306,4 @@ def simulate(cfg: Cfg, i: int) -> Rollout:
     u = r.random()
     base = 1.0 if u < p_success else (0.5 if u < p_success + 0.25 * (1 - p_success) else 0.0)
     reward = base + r.gauss(0.0, 0.02)
-    rid = f"r{i:08d}"
-    ro_rows = [[rid, f"g{i // cfg.group_size}", reward, out_keys, out_ids, terminal, accepted]]
-
-    ro = Rollout()
-    ro.calls, ro.tok_rows, ro.ro_rows, ro.tok, ro.lp, ro.kind = calls, tok_rows, ro_rows, tok, lp, kind
-    if kind is not None:
-        corrupt_rollout(ro, kind, r, acc, spans, cfg)
-    return ro
+    return [f"r{i:08d}", f"g{i // cfg.group_size}", reward, out_keys, out_ids, terminal, accepted]

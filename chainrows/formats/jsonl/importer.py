@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pyarrow as pa
 
+from chainrows.errors import InputError
 from chainrows.formats.jsonl.lines import (
     MISSING,
+    Line,
     chain_hash_value,
     float_list,
     int32_list,
@@ -76,43 +79,84 @@ class _Columns:
         return out.drop_columns(list(drop)) if drop else out
 
 
+# Fields only one kind of record holds: a record that fails as one kind but holds another
+# kind's field is a sign the files came in the wrong order, and the error says so.
+_TELLTALES = {"ledger": ("output_items", "response_id", "delta_len", "chain_hash"), "tokens": ("tokens",),
+              "results": ("reward", "output")}
+
+
+def _order_hint(r: Line, table: str) -> str | None:
+    """'it looks like a <kind> record ...' when ``r``, read as a ``table`` record, holds a field
+    of another kind's and none of its own kind's; else None."""
+    if any(f in r.rec for f in _TELLTALES[table]):
+        return None
+    for kind, fields in _TELLTALES.items():
+        found = next((f for f in fields if f in r.rec), None)
+        if kind != table and found is not None:
+            return (f"it looks like a {kind} record (field {found!r}): the three files go in the order "
+                    "LEDGER TOKENS RESULTS")
+    return None
+
+
+def _rows(path: str | os.PathLike, table: str, convert: Callable[[Line], dict]) -> Iterator[tuple[Line, dict]]:
+    """(record, ``convert(record)``) of each record of the ``table`` file; an InputError of
+    ``convert`` says when the record looks like one of another file (:func:`_order_hint`)."""
+    for r in iter_records(path, table):
+        try:
+            row = convert(r)
+        except InputError as exc:
+            hint = _order_hint(r, table)
+            if hint is None:
+                raise
+            raise InputError(f"{exc.reason}; {hint}", table=exc.table, file=exc.file, column=exc.column,
+                             line=exc.line) from exc
+        yield r, row
+
+
 def read_ledger_jsonl(path: str | os.PathLike) -> pa.Table:
     """Ledger JSON Lines → ledger table (LEDGER_SCHEMA), in line order (= capture order)."""
     out = _Columns(LEDGER_SCHEMA)
-    for r in iter_records(path, "ledger"):
-        rollout_id, call_id = r.string("rollout_id"), r.string("call_id")
-        failed = r.boolean("failed", False)
-        soft = 0 if failed else MISSING  # a failed capture may omit what it never got
-        row = {
-            "rollout_id": rollout_id,
-            "call_id": call_id,
-            "parent_id": r.string("parent_id", nullable=True, default=None),
-            "response_id": r.string("response_id", default="" if failed else MISSING),
-            "prev_len": r.integer("prev_len", soft),
-            "delta_len": r.integer("delta_len", soft),
-            "gen_len": r.integer("gen_len", soft),
-            "chain_hash": chain_hash_value(r, soft),
-            "failed": failed,
-        }
-        row["item_keys"], row["item_ids"] = item_keys(r, "output_items",
-                                                       None if failed else MISSING)
+    for _, row in _rows(path, "ledger", _ledger_row):
         out.add(row)
     return out.table()
+
+
+def _ledger_row(r: Line) -> dict:
+    rollout_id, call_id = r.string("rollout_id"), r.string("call_id")
+    failed = r.boolean("failed", False)
+    soft = 0 if failed else MISSING  # a failed capture may omit what it never got
+    row = {
+        "rollout_id": rollout_id,
+        "call_id": call_id,
+        "parent_id": r.string("parent_id", nullable=True, default=None),
+        "response_id": r.string("response_id", default="" if failed else MISSING),
+        "prev_len": r.integer("prev_len", soft),
+        "delta_len": r.integer("delta_len", soft),
+        "gen_len": r.integer("gen_len", soft),
+        "chain_hash": chain_hash_value(r, soft),
+        "failed": failed,
+    }
+    row["item_keys"], row["item_ids"] = item_keys(r, "output_items", None if failed else MISSING)
+    return row
 
 
 def read_tokens_jsonl(path: str | os.PathLike) -> pa.Table:
     """Token JSON Lines → tokens table (TOKENS_SCHEMA, + logprobs iff any record has it)."""
     out = _Columns(TOKENS_SCHEMA.append(LOGPROBS_FIELD))
     has_logprobs = False
-    for r in iter_records(path, "tokens"):
+    for r, row in _rows(path, "tokens", _tokens_row):
         has_logprobs = has_logprobs or "logprobs" in r.rec
-        out.add({
-            "rollout_id": r.string("rollout_id"),
-            "call_id": r.string("call_id"),
-            "tokens": int32_list(r, "tokens"),
-            "logprobs": float_list(r, "logprobs") if "logprobs" in r.rec else None,
-        })
+        out.add(row)
     return out.table(drop=() if has_logprobs else ("logprobs",))
+
+
+def _tokens_row(r: Line) -> dict:
+    return {
+        "rollout_id": r.string("rollout_id"),
+        "call_id": r.string("call_id"),
+        "tokens": int32_list(r, "tokens"),
+        "logprobs": float_list(r, "logprobs") if "logprobs" in r.rec else None,
+    }
 
 
 def read_results_jsonl(path: str | os.PathLike) -> pa.Table:
@@ -120,17 +164,20 @@ def read_results_jsonl(path: str | os.PathLike) -> pa.Table:
     iff any record has that field)."""
     out = _Columns(ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD))
     has_accepted = False
-    for r in iter_records(path, "results"):
+    for r, row in _rows(path, "results", _results_row):
         has_accepted = has_accepted or "accepted_response_ids" in r.rec
-        row = {
-            "rollout_id": r.string("rollout_id"),
-            "group_id": r.string("group_id", nullable=True, default=None),
-            "reward": r.number("reward"),
-            "terminal_response_id": r.string("terminal_response_id", nullable=True,
-                                             default=None),
-            "accepted_response_ids": string_list(r, "accepted_response_ids")
-            if "accepted_response_ids" in r.rec else None,
-        }
-        row["output_keys"], row["output_ids"] = item_keys(r, "output")
         out.add(row)
     return out.table(drop=() if has_accepted else ("accepted_response_ids",))
+
+
+def _results_row(r: Line) -> dict:
+    row = {
+        "rollout_id": r.string("rollout_id"),
+        "group_id": r.string("group_id", nullable=True, default=None),
+        "reward": r.number("reward"),
+        "terminal_response_id": r.string("terminal_response_id", nullable=True, default=None),
+        "accepted_response_ids": string_list(r, "accepted_response_ids")
+        if "accepted_response_ids" in r.rec else None,
+    }
+    row["output_keys"], row["output_ids"] = item_keys(r, "output")
+    return row

@@ -35,8 +35,6 @@ class RowShape:
 
 def check_rows(ids: Ids, rep: Reported, tokens: pa.Table, rows: pa.Table, p: Problems) -> RowShape:
     """Add the rows' own problems to ``p`` (not those of their calls and tokens)."""
-    NR = ids.NR
-    N = rows.num_rows
     row_r = ids.row_r
     row_id = rows["row_id"].to_pylist()
 
@@ -47,12 +45,24 @@ def check_rows(ids: Ids, rep: Reported, tokens: pa.Table, rows: pa.Table, p: Pro
     known = (row_r >= 0)
     known[known] &= rep.row[row_r[known]] >= 0
     p.each((row_r >= 0) & ~known, lambda j: f"{name(j)}: rollout {ids.rid(int(row_r[j]))} is not in report")
-    rr = np.where(row_r >= 0, row_r, 0)
-    ok_row = known & rep.ok[rr]
-    weight = to_np(rows["weight"], np.float64, fill=np.nan)
-    segment = to_np(rows["segment"], np.int64, fill=-1)
-    nseg = to_np(rows["num_segments"], np.int64, fill=-1)
-    prompt = to_np(rows["prompt_len"], np.int64, fill=-1)
+    ok_row = known & rep.ok[np.where(row_r >= 0, row_r, 0)]
+    shape, mask_sum = _check_lengths(tokens, rows, ok_row, p, name)
+    _check_placeholders(ids, rep, rows, known, mask_sum, p, name)
+    _check_order_and_fields(ids, rep, rows, known, ok_row, p, name)
+    # loss_tokens
+    oks = np.flatnonzero(rep.ok)
+    loss = np.bincount(row_r[ok_row], weights=mask_sum[ok_row], minlength=ids.NR).astype(np.int64)
+    p.each(oks[loss[oks] != rep.loss[oks]],
+           lambda r: f"rollout {ids.rid(r)}: report loss_tokens {rep.loss[r]} but its rows' "
+                     f"loss_mask sums to {loss[r]}")
+    return shape
+
+
+def _check_lengths(tokens: pa.Table, rows: pa.Table, ok_row: np.ndarray, p: Problems,
+                   name) -> tuple[RowShape, np.ndarray]:
+    """loss_mask and logprobs as long as input_ids, loss_mask of 0 and 1: the rows' shape and
+    each row's loss_mask sum (0 while the lengths disagree)."""
+    N = rows.num_rows
     ids_off, ids_val = list_parts(rows["input_ids"])
     mask_off, mask_val = list_parts(rows["loss_mask"])
     row_len = np.diff(ids_off)
@@ -73,20 +83,39 @@ def check_rows(ids: Ids, rep: Reported, tokens: pa.Table, rows: pa.Table, p: Pro
                    lambda t: f"loss_mask holds the value {mask_np[t]} (only 0 and 1 allowed)")
         owner_tok = np.repeat(np.arange(N, dtype=np.int64), row_len)
         mask_sum = np.bincount(owner_tok, weights=mask_np, minlength=N).astype(np.int64)
+    shape = RowShape(ok_row=ok_row, row_len=row_len, lengths_ok=lengths_ok,
+                     prompt=to_np(rows["prompt_len"], np.int64, fill=-1), ids_off=ids_off, ids_val=ids_val,
+                     mask_np=mask_np, lp_col=rows["logprobs"] if has_lp else None, name=name)
+    return shape, mask_sum
 
-    # masked rollouts: placeholders only (weight 0, no loss tokens)
-    masked_row = known & ~rep.ok[rr]
+
+def _check_placeholders(ids: Ids, rep: Reported, rows: pa.Table, known: np.ndarray, mask_sum: np.ndarray,
+                        p: Problems, name) -> None:
+    """A masked rollout's rows are placeholders only (weight 0, no loss tokens), and either
+    every masked rollout has one or none has."""
+    row_r = ids.row_r
+    weight = to_np(rows["weight"], np.float64, fill=np.nan)
+    masked_row = known & ~rep.ok[np.where(row_r >= 0, row_r, 0)]
     p.each(masked_row & ~((weight == 0) & (mask_sum == 0)),
            lambda j: f"{name(j)}: rollout {ids.rid(int(row_r[j]))} is masked but the row is "
                      f"not a placeholder (weight {weight[j]}, {mask_sum[j]} loss tokens)")
     masked_ids = np.flatnonzero((rep.row >= 0) & ~rep.ok)
-    with_rows = np.bincount(row_r[masked_row], minlength=NR) > 0
+    with_rows = np.bincount(row_r[masked_row], minlength=ids.NR) > 0
     if with_rows.any() and not with_rows[masked_ids].all():
         miss = masked_ids[~with_rows[masked_ids]]
         p.add(f"placeholders: {len(miss)} masked rollout(s) have none although others do "
               f"(first {ids.rid(int(miss[0]))})")
 
-    # order, segments, ids, per-rollout fields
+
+def _check_order_and_fields(ids: Ids, rep: Reported, rows: pa.Table, known: np.ndarray, ok_row: np.ndarray,
+                            p: Problems, name) -> None:
+    """Rows sorted by (rollout_id, segment); as many as the report says; segments 0..n-1 of n;
+    row_id <rollout_id>_s<segment>; a trained row's weight > 0; group_id, reward and advantage
+    those of the report."""
+    NR, N, row_r = ids.NR, rows.num_rows, ids.row_r
+    rr = np.where(row_r >= 0, row_r, 0)
+    segment = to_np(rows["segment"], np.int64, fill=-1)
+    nseg = to_np(rows["num_segments"], np.int64, fill=-1)
     order_key = np.where(row_r >= 0, row_r, -1)
     bad = np.flatnonzero((np.diff(order_key) < 0) |
                          ((np.diff(order_key) == 0) & (np.diff(segment) <= 0)))
@@ -106,6 +135,7 @@ def check_rows(ids: Ids, rep: Reported, tokens: pa.Table, rows: pa.Table, p: Pro
                                           pc.cast(rows["segment"], pa.string()), "_s")
     same_id = to_np(pc.equal(rows["row_id"], want_id), bool, fill=False)
     p.each(~same_id, lambda j: f"{name(j)}: row_id is not <rollout_id>_s<segment>")
+    weight = to_np(rows["weight"], np.float64, fill=np.nan)
     p.each(ok_row & ~(weight > 0), lambda j: f"{name(j)}: weight {weight[j]} of a trained row")
     group = rows["group_id"].to_pylist()
     reward = rows["reward"].to_pylist()
@@ -117,12 +147,3 @@ def check_rows(ids: Ids, rep: Reported, tokens: pa.Table, rows: pa.Table, p: Pro
             p.add(f"{name(j)}: group_id/reward/advantage ({group[j]!r}, {reward[j]!r}, "
                   f"{adv[j]!r}) differ from the report's ({rep.group[r]!r}, "
                   f"{rep.reward[r]!r}, {rep.adv[r]!r})")
-
-    # loss_tokens
-    loss = np.bincount(row_r[ok_row], weights=mask_sum[ok_row], minlength=NR).astype(np.int64)
-    p.each(oks[loss[oks] != rep.loss[oks]],
-           lambda r: f"rollout {ids.rid(r)}: report loss_tokens {rep.loss[r]} but its rows' "
-                     f"loss_mask sums to {loss[r]}")
-    return RowShape(ok_row=ok_row, row_len=row_len, lengths_ok=lengths_ok, prompt=prompt,
-                    ids_off=ids_off, ids_val=ids_val, mask_np=mask_np,
-                    lp_col=rows["logprobs"] if has_lp else None, name=name)
