@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
     c.add_argument("--memory-budget", type=parse_size, default=None,
                    help="peak memory to stay under, e.g. 2GiB (default 4GiB)")
     c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars on stderr (default: when stderr is a terminal)")
+                   help="progress bars on stderr (default: when stderr is a terminal); "
+                        "--no-progress also silences the note said while kernels compile")
     c.add_argument("--buckets", type=at_least_one, default=None, help=argparse.SUPPRESS)  # tests, measurements
     c.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
