@@ -91,15 +91,15 @@ class _Row:
                           table=TABLE, file=self.file, column=field, row=self.row)
 
 
-def _items(texts: pa.Array, failed: np.ndarray, rollouts: pa.Array, row0: int, file) -> tuple[list, list]:
+def _items(texts: pa.Array, rollouts: pa.Array, row0: int, file) -> tuple[list, list]:
     """item_keys and item_ids of every row's output_items JSON text (null: no items)."""
     keys, ids = [], []
-    for i, text in enumerate(texts.to_pylist()):
+    for i, (text, rollout) in enumerate(zip(texts.to_pylist(), rollouts.to_pylist())):
         if text is None:
             keys.append([])
             ids.append([])
             continue
-        row = _Row({}, row0 + i, rollouts[i].as_py(), file)
+        row = _Row({}, row0 + i, rollout, file)
         try:
             row.rec["output_items"] = json.loads(text)
         except (ValueError, RecursionError) as exc:
@@ -191,7 +191,7 @@ def records_from_table(table: pa.Table, *, file: Path | None = None, row0: int =
     if "output_items" not in table.column_names and not failed.all():
         raise InputError("missing column 'output_items'", table=TABLE, file=file, column="output_items")
     rollouts = _strings(table, "rollout_id")
-    keys, ids = _items(_strings(table, "output_items"), failed, rollouts, row0, file)
+    keys, ids = _items(_strings(table, "output_items"), rollouts, row0, file)
     return pa.RecordBatch.from_arrays([
         pa.array(np.arange(first_record, first_record + n, dtype=np.int64)),
         rollouts, _strings(table, "call_id"), _strings(table, "response_id"),
