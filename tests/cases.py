@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from chainrows import reasons as R
 from chainrows.reasons import DETAILS, REASONS, format_detail
 
-try:  # tests/ on sys.path (tests/conftest.py)
-    from builders import (
-        LAST, RolloutBuilder, combine, delta_hash, message, one_call, single_chain,
-        worked_example,
-    )
-except ImportError:  # imported as tests.cases from the repo root
-    from tests.builders import (  # type: ignore[no-redef]
-        LAST, RolloutBuilder, combine, delta_hash, message, one_call, single_chain,
-        worked_example,
-    )
+from tests.support.builders import (
+    LAST,
+    RolloutBuilder,
+    combine,
+    delta_hash,
+    message,
+    one_call,
+    single_chain,
+    worked_example,
+)
 
 ROWS_COLUMNS = (
     "row_id", "rollout_id", "group_id", "segment", "num_segments", "input_ids", "loss_mask",

@@ -29,9 +29,9 @@ from chainrows.memory.process import process_rss
 from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 
-from outputs import OUTPUT_ENTRIES, no_outputs, output_bytes, read_outputs
-from peaks import at_smallest_budget, peak_run
-from test_properties import compare_outputs
+from tests.support.outputs import no_outputs, output_bytes, OUTPUT_ENTRIES, read_outputs
+from tests.support.peaks import at_smallest_budget, peak_run
+from tests.support.compare import compare_outputs
 
 MEMORY = bulk.Route("memory", 1, "test")
 SMALLER = planner.DEFAULT_BUDGET - (1 << 30)  # a budget below the default, still a stream's

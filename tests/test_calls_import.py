@@ -15,7 +15,7 @@ from chainrows.formats.calls.importer import Importer, concat
 from chainrows.formats.calls.jsonl import read_jsonl
 from chainrows.formats.calls.tables import LEDGER, REPORT, TOKENS
 
-from calls_cases import CALLS_CASES, check_calls_case  # tests/ on sys.path: conftest.py
+from tests.calls_cases import CALLS_CASES, check_calls_case
 
 
 @dataclass
@@ -85,7 +85,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from chainrows.reference.calls import import_calls as reference_import  # noqa: E402
 
-from calls_cases import call_logs  # noqa: E402
+from tests.calls_cases import call_logs  # noqa: E402
 
 
 def _same_as_reference(records: list, on_drift: str, tmp_path, batch_bytes: int) -> None:

@@ -260,7 +260,7 @@ def big_log(tmp_path_factory) -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
 def test_a_log_four_times_the_budget_imports_under_it_with_the_same_bytes(big_log):
-    from peaks import peak_run
+    from tests.support.peaks import peak_run
 
     budget = 512 << 20
     assert big_log["jsonl"].stat().st_size >= 4 * budget
@@ -277,7 +277,7 @@ def test_a_log_four_times_the_budget_imports_under_it_with_the_same_bytes(big_lo
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
 def test_the_smallest_budget_holds_on_a_parquet_log_that_must_go_bucketed(big_log):
-    from peaks import at_smallest_budget
+    from tests.support.peaks import at_smallest_budget
 
     root = big_log["root"]
     budget, peak, res = at_smallest_budget("import-calls", [big_log["parquet"], big_log["results"]], root / "small")

@@ -12,9 +12,16 @@ from hypothesis import strategies as st
 from chainrows.reference import calls as C
 from chainrows.reference.calls import RELATIONS, import_calls
 
-from calls_cases import (  # tests/ on sys.path: conftest.py
-    CALLS_CASE_BY_NAME, CALLS_CASES, RELATIONS as CASE_RELATIONS, call, call_logs, check_calls_case,
-    check_calls_invariants, failed, worked_records,
+from tests.calls_cases import (
+    CALLS_CASES,
+    CALLS_CASE_BY_NAME,
+    RELATIONS as CASE_RELATIONS,
+    call,
+    call_logs,
+    check_calls_case,
+    check_calls_invariants,
+    failed,
+    worked_records,
 )
 
 

@@ -22,31 +22,17 @@ import pytest
 
 from chainrows.cli import HUGE_PAGES_ENV
 from chainrows.cli import main as cli_main
-from test_fuzz import (  # noqa: F401  (cli is a fixture)
-    REPO,
-    _from_builders,
-    _invalid_utf8,
-    _set,
-    assert_clean_error,
-    assert_ran,
-    build_tables,
-    cli,
-    read_output,
-    write_dir,
-)
-from builders import one_call, single_chain, worked_example
-from outputs import OUTPUT_ENTRIES, no_outputs, output_bytes
-
-
-def _tables(logprobs: bool = True) -> dict:
-    return build_tables(_from_builders(worked_example("wx", logprobs=logprobs),
-                                       single_chain("sc", logprobs=logprobs),
-                                       one_call("solo", "g2", logprobs=logprobs), logprobs=logprobs))
+from tests.support.cli_worker import assert_clean_error, assert_ran, cli  # noqa: F401  (cli is a fixture)
+from tests.support.outputs import read_output
+from tests.support.paths import REPO
+from tests.support.tables import invalid_utf8, set_column, write_dir
+from tests.support.tables import small_tables, write_encrypted
+from tests.support.outputs import no_outputs, output_bytes, OUTPUT_ENTRIES
 
 
 @pytest.fixture
 def good(tmp_path) -> Path:
-    return write_dir(tmp_path / "data", _tables())
+    return write_dir(tmp_path / "data", small_tables())
 
 
 def _one_line(res) -> str:
@@ -68,8 +54,8 @@ def test_ok_run(cli, good, tmp_path):
 
 
 def test_masked_rollouts_still_exit_0(cli, tmp_path):
-    t = _tables()
-    t["ledger"] = _set(t["ledger"], "failed", pa.array([True] * t["ledger"].num_rows))
+    t = small_tables()
+    t["ledger"] = set_column(t["ledger"], "failed", pa.array([True] * t["ledger"].num_rows))
     res = cli.run("reassemble", write_dir(tmp_path / "data", t), tmp_path / "out")
     assert_ran(res)
     _, report = read_output(tmp_path / "out")
@@ -79,7 +65,7 @@ def test_masked_rollouts_still_exit_0(cli, tmp_path):
 @pytest.mark.parametrize("table", ["ledger", "tokens", "rollouts"])
 def test_ids_only_in_one_table(cli, tmp_path, table):
     """Tables that disagree are data, not an error: the stray rollout is reported, the others run."""
-    t = _tables()
+    t = small_tables()
     extra = {
         "ledger": dict(rollout_id="stray", call_id="c1", parent_id=None, response_id="r1",
                        prev_len=0, delta_len=1, gen_len=1, chain_hash=0, item_keys=[1],
@@ -124,7 +110,7 @@ def test_missing_table(cli, good, tmp_path, table):
     ("rollouts", "reward"), ("rollouts", "output_keys"), ("rollouts", "terminal_response_id"),
 ])
 def test_missing_column(cli, tmp_path, table, column):
-    t = _tables()
+    t = small_tables()
     t[table] = t[table].drop_columns([column])
     data = write_dir(tmp_path / "data", t)
     res = cli.run("reassemble", data, tmp_path / "out")
@@ -145,8 +131,8 @@ def test_missing_column(cli, tmp_path, table, column):
     ("rollouts", "output_keys", pa.array([["x"]] * 3), "list<string>"),
 ])
 def test_wrong_type(cli, tmp_path, table, column, array, found):
-    t = _tables()
-    t[table] = _set(t[table], column, array[: t[table].num_rows])
+    t = small_tables()
+    t[table] = set_column(t[table], column, array[: t[table].num_rows])
     data = write_dir(tmp_path / "data", t)
     res = cli.run("reassemble", data, tmp_path / "out")
     assert_clean_error(res, f"error: {table}: column {column!r} has type {found}, expected",
@@ -156,10 +142,10 @@ def test_wrong_type(cli, tmp_path, table, column, array, found):
 @pytest.mark.parametrize("table,column", [("ledger", "delta_len"), ("ledger", "failed"),
                                           ("tokens", "call_id"), ("rollouts", "rollout_id")])
 def test_null_in_required_column(cli, tmp_path, table, column):
-    t = _tables()
+    t = small_tables()
     values = t[table].column(column).to_pylist()
     values[1] = None
-    t[table] = _set(t[table], column, pa.array(values, t[table].schema.field(column).type))
+    t[table] = set_column(t[table], column, pa.array(values, t[table].schema.field(column).type))
     data = write_dir(tmp_path / "data", t)
     res = cli.run("reassemble", data, tmp_path / "out")
     assert_clean_error(res, f"error: {table}: column {column!r} has a null value",
@@ -167,10 +153,10 @@ def test_null_in_required_column(cli, tmp_path, table, column):
 
 
 def test_uint64_length_above_int64(cli, tmp_path):
-    t = _tables()
+    t = small_tables()
     vals = t["ledger"].column("delta_len").to_pylist()
     vals[2] = 2**63
-    t["ledger"] = _set(t["ledger"], "delta_len", pa.array(vals, pa.uint64()))
+    t["ledger"] = set_column(t["ledger"], "delta_len", pa.array(vals, pa.uint64()))
     res = cli.run("reassemble", write_dir(tmp_path / "data", t), tmp_path / "out")
     assert_clean_error(res, "error: ledger: column 'delta_len' has a value above the int64 range "
                             "at row 2")
@@ -179,8 +165,8 @@ def test_uint64_length_above_int64(cli, tmp_path):
 @pytest.mark.parametrize("table,column", [("ledger", "rollout_id"), ("ledger", "call_id"),
                                           ("tokens", "call_id"), ("rollouts", "group_id")])
 def test_invalid_utf8_id(cli, tmp_path, table, column):
-    t = _tables()
-    t[table] = _set(t[table], column, _invalid_utf8(t[table].column(column).combine_chunks(), 1))
+    t = small_tables()
+    t[table] = set_column(t[table], column, invalid_utf8(t[table].column(column).combine_chunks(), 1))
     res = cli.run("reassemble", write_dir(tmp_path / "data", t), tmp_path / "out")
     assert_clean_error(res, f"error: {table}: column {column!r} holds a string that is not valid "
                             f"UTF-8: first at row 1")
@@ -204,8 +190,8 @@ def test_not_parquet(cli, good, tmp_path):
 
 def test_partitioned_run_reports_unusable_input_too(cli, good, tmp_path):
     """The spill path (--buckets) reads through the same checks."""
-    t = _tables()
-    t["ledger"] = _set(t["ledger"], "call_id", _invalid_utf8(t["ledger"].column("call_id").combine_chunks(), 3))
+    t = small_tables()
+    t["ledger"] = set_column(t["ledger"], "call_id", invalid_utf8(t["ledger"].column("call_id").combine_chunks(), 3))
     data = write_dir(tmp_path / "data", t)
     assert_clean_error(cli.run("reassemble", data, tmp_path / "out", "--buckets", "3"),
                        "error: ledger: column 'call_id'")
@@ -358,9 +344,9 @@ def _outputs(out: Path) -> dict:
 
 def _writers(good, tmp_path):
     """Each command that writes, as argv without OUT and the outputs it commits."""
-    from test_jsonl import _doc_files
+    from tests.support.jsonl_doc import doc_files
 
-    files = _doc_files(tmp_path)
+    files = doc_files(tmp_path)
     return {
         "reassemble": (["reassemble", str(good)], ["rows", "report.parquet"]),
         "synth": (["synth", "--rollouts", "8"], ["ledger.parquet", "tokens.parquet", "rollouts.parquet"]),
@@ -414,7 +400,7 @@ def test_output_never_goes_into_the_input(cli, tmp_path, where):
     root = tmp_path / "root"
     data, out = {"same": (root, root), "out inside data": (root, root / "out"),
                  "data inside out": (root / "data", root)}[where]
-    write_dir(data, _tables())
+    write_dir(data, small_tables())
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     for extra in ([], ["--overwrite"]):
         line = assert_clean_error(cli.run("reassemble", data, out, *extra), str(out), str(data))
@@ -423,9 +409,9 @@ def test_output_never_goes_into_the_input(cli, tmp_path, where):
 
 
 def test_import_jsonl_never_writes_over_its_input(cli, tmp_path):
-    from test_jsonl import _doc_files
+    from tests.support.jsonl_doc import doc_files
 
-    files = _doc_files(tmp_path)
+    files = doc_files(tmp_path)
     before = files["ledger"].read_bytes()
     assert_clean_error(cli.run("import-jsonl", files["ledger"], files["tokens"], files["results"],
                                files["ledger"], "--overwrite"), "is the input", str(files["ledger"]))
@@ -451,10 +437,10 @@ def test_unusable_input_found_mid_run_leaves_no_work_behind(cli, tmp_path):
     is kept."""
     from chainrows.runners.bulk.job import WORK_DIR
 
-    t = _tables()
+    t = small_tables()
     values = t["tokens"].column("call_id").to_pylist()
     values[-1] = None
-    t["tokens"] = _set(t["tokens"], "call_id", pa.array(values, pa.string()))
+    t["tokens"] = set_column(t["tokens"], "call_id", pa.array(values, pa.string()))
     data = write_dir(tmp_path / "data", t)
     out = tmp_path / "out"
     assert_clean_error(cli.run("reassemble", data, out, "--buckets", "3"), "has a null value")
@@ -475,8 +461,8 @@ def test_a_failed_run_leaves_no_empty_out_of_its_making(cli, tmp_path):
 # ----------------------------------------------------------------------------- what a run says
 
 def test_summary_names_the_files_and_counts_placeholders(cli, tmp_path):
-    t = _tables()
-    t["ledger"] = _set(t["ledger"], "failed", pa.array([r == "solo" for r in t["ledger"]["rollout_id"].to_pylist()]))
+    t = small_tables()
+    t["ledger"] = set_column(t["ledger"], "failed", pa.array([r == "solo" for r in t["ledger"]["rollout_id"].to_pylist()]))
     data = write_dir(tmp_path / "data", t)
     out = tmp_path / "out"
     res = cli.run("reassemble", data, out, "--placeholders")
@@ -527,29 +513,6 @@ def test_compile_notice_only_while_numba_compiles(capsys):
     assert capsys.readouterr().err == ""
 
 
-def _encrypted(path: Path, table: pa.Table, columns: list[str], plaintext_footer: bool) -> None:
-    """``table`` written to ``path`` with Parquet modular encryption of ``columns`` (a toy KMS)."""
-    import base64
-
-    import pyarrow.parquet.encryption as pe
-
-    class Kms(pe.KmsClient):
-        def __init__(self, config):
-            super().__init__()
-
-        def wrap_key(self, key, master_key_id):
-            return base64.b64encode(key)
-
-        def unwrap_key(self, wrapped, master_key_id):
-            return base64.b64decode(wrapped)
-
-    config = pe.EncryptionConfiguration(footer_key="k1", column_keys={"k2": columns} if columns else {},
-                                        plaintext_footer=plaintext_footer, uniform_encryption=not columns)
-    props = pe.CryptoFactory(Kms).file_encryption_properties(pe.KmsConnectionConfig(), config)
-    with pq.ParquetWriter(path, table.schema, encryption_properties=props) as writer:
-        writer.write_table(table)
-
-
 @pytest.mark.parametrize("columns, plaintext_footer", [(["call_id"], True), (["chain_hash"], True), ([], True),
                                                        (["call_id"], False)])
 @pytest.mark.parametrize("route", [[], ["--buckets", "2"], ["--steps", "2"]], ids=["memory", "spill", "stream"])
@@ -559,7 +522,7 @@ def test_an_encrypted_file_is_one_line_not_an_abort(cli, good, tmp_path, columns
     ledger = good / "ledger.parquet"
     table = pq.read_table(ledger)
     ledger.unlink()
-    _encrypted(ledger, table, columns, plaintext_footer)
+    write_encrypted(ledger, table, columns, plaintext_footer)
     line = assert_clean_error(cli.run("reassemble", good, tmp_path / "out", *route), str(ledger))
     assert "encrypt" in line and "internal error" not in line
 
@@ -594,7 +557,7 @@ def test_stray_bytes_after_a_footer_are_not_taken_for_encryption(cli, good, tmp_
     assert not names_encryption(meta)
     assert names_encryption(meta[: len(meta) // 2])  # unparseable: refused, never read
     encrypted = tmp_path / "encrypted.parquet"
-    _encrypted(encrypted, pq.read_table(ledger), ["call_id"], True)
+    write_encrypted(encrypted, pq.read_table(ledger), ["call_id"], True)
     data = encrypted.read_bytes()
     footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
     assert names_encryption(data[footer:len(data) - 8 - 28])

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chainrows.cli import main, parse_size
-from test_jsonl import _doc_files
+from tests.support.jsonl_doc import doc_files
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_stats_shows_what_the_forest_plan_recovers(tmp_path, capsys):
 
 
 def test_import_jsonl_then_reassemble(tmp_path, capsys):
-    files = _doc_files(tmp_path)
+    files = doc_files(tmp_path)
     ds = tmp_path / "imported"
     assert main(["import-jsonl", str(files["ledger"]), str(files["tokens"]), str(files["results"]), str(ds)]) == 0
     assert main(["reassemble", str(ds), str(tmp_path / "out")]) == 0

@@ -8,7 +8,6 @@ import random
 import numba
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,7 +19,7 @@ from chainrows.lowering.output import _token_lists, rows_table
 from chainrows.lowering.rowgroups import RowGroupWriter
 from chainrows.formats.native.schema import rows_schema, tables_from_pylists
 from chainrows.options import Options
-from randomized import random_dataset
+from tests.support.randomized import random_dataset
 
 DECISION_FIELDS = ("detail", "bad_call", "bad_pos", "sel_off", "sel", "sel_len", "chain_start", "n_chains",
                    "num_selected")

@@ -21,8 +21,8 @@ from chainrows import reassemble
 from chainrows.formats.native.dataset import read_dataset
 from chainrows.synth import write_synth_dataset
 
-from outputs import output_bytes
-from test_fuzz import assert_ran, cli  # noqa: F401  (cli is a fixture)
+from tests.support.outputs import output_bytes
+from tests.support.cli_worker import assert_ran, cli  # noqa: F401  (cli is a fixture)
 
 OPTION_SETS = {
     "default": [],

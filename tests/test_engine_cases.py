@@ -2,8 +2,8 @@
 
 import pytest
 
-from cases import CASES, check_case
-from engine_adapter import engine_reassemble
+from tests.cases import CASES, check_case
+from tests.support.engine_adapter import engine_reassemble
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

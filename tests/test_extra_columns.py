@@ -20,7 +20,7 @@ from chainrows.formats.native.dataset import TABLES, footer_totals, plan_table
 from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
 
-from outputs import output_bytes
+from tests.support.outputs import output_bytes
 
 ROW_GROUP = 50  # several row groups per file: the column sizes are summed over them
 

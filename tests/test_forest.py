@@ -17,10 +17,10 @@ from chainrows import reasons as R
 from chainrows import reference
 from chainrows.options import Options
 from chainrows.reasons import format_detail
-from builders import RolloutBuilder, combine
-from engine_adapter import engine_reassemble
-from randomized import CORRUPTIONS, _corrupt, _interleave
-from test_properties import compare_outputs
+from tests.support.builders import combine, RolloutBuilder
+from tests.support.engine_adapter import engine_reassemble
+from tests.support.randomized import _corrupt, _interleave, CORRUPTIONS
+from tests.support.compare import compare_outputs
 
 BOTH = pytest.mark.parametrize("impl", ["engine", "reference"])
 IMPLS = {"engine": engine_reassemble, "reference": reference.reassemble}
@@ -390,7 +390,7 @@ def test_random_forests_large_batches(seed):
 def test_linear_accepted_rollouts_identical_under_forest_on_linear_data(seed):
     """randomized.py's inputs (compactions and retries, built for the linear cut): every rollout
     the linear plan accepts comes out identical under the forest plan."""
-    from randomized import random_dataset
+    from tests.support.randomized import random_dataset
 
     ledger, tokens, rollouts, options = random_dataset(seed)
     options = dict(options, mode="cc")

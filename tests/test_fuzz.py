@@ -41,12 +41,7 @@ import json
 import math
 import os
 import random
-import selectors
 import shutil
-import subprocess
-import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,22 +55,25 @@ from chainrows import reassemble, reference
 from chainrows.testing.reconcile import reconcile
 from chainrows.formats.native.dataset import read_dataset
 from chainrows.errors import InputError
-from chainrows.formats.native.schema import (
-    ACCEPTED_FIELD,
-    LEDGER_SCHEMA,
-    LOGPROBS_FIELD,
-    ROLLOUTS_SCHEMA,
-    TOKENS_SCHEMA,
+
+from tests.support.outputs import no_outputs
+from tests.support.compare import compare_outputs
+from tests.support.cli_worker import assert_clean_error, assert_ran, cli  # noqa: F401  (cli is a fixture)
+from tests.support.outputs import read_output
+from tests.support.tables import (
+    CANONICAL,
+    TABLES,
+    Data,
+    base_data,
+    build_tables,
+    invalid_utf8,
+    schemas,
+    set_column,
+    write_dir,
+    write_table,
 )
 
-from builders import combine, one_call, single_chain, worked_example
-from outputs import no_outputs
-from randomized import random_dataset
-from test_properties import compare_outputs
-
-REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(__file__).resolve().parent / "corpus"
-TABLES = ("ledger", "tokens", "rollouts")
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 
@@ -90,230 +88,6 @@ def examples(n: int) -> int:
 FUZZ = settings(max_examples=examples(120), deadline=None, derandomize=False, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
-
-
-# ============================================================================ the CLI worker
-
-_WORKER = r"""
-import json, os, sys, traceback
-proto = os.fdopen(os.dup(1), "w")
-def run(req):
-    if "argv" in req:
-        from chainrows import cli
-        return cli.main(req["argv"])
-    ns = {}
-    exec(req["code"], ns)
-    return ns.get("rc", 0)
-for line in sys.stdin:
-    req = json.loads(line)
-    with open(req["stdout"], "wb") as fo, open(req["stderr"], "wb") as fe:
-        sys.stdout.flush(); sys.stderr.flush()
-        s1, s2 = os.dup(1), os.dup(2)
-        os.dup2(fo.fileno(), 1); os.dup2(fe.fileno(), 2)
-        try:
-            try:
-                rc = run(req)
-            except SystemExit as exc:  # argparse
-                rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException:  # what `python -m chainrows.cli` would do: traceback, exit 1
-                traceback.print_exc()
-                rc = 1
-        finally:
-            sys.stdout.flush(); sys.stderr.flush()
-            os.dup2(s1, 1); os.dup2(s2, 2); os.close(s1); os.close(s2)
-    proto.write(json.dumps({"rc": rc}) + "\n"); proto.flush()
-"""
-
-
-@dataclass
-class CliResult:
-    rc: int | str  # exit code; -N for a signal; "timeout"
-    stdout: str
-    stderr: str
-
-    def __str__(self) -> str:
-        return f"rc={self.rc!r}\n--- stdout\n{self.stdout[-2000:]}\n--- stderr\n{self.stderr[-4000:]}"
-
-
-class CliWorker:
-    """Runs ``chainrows.cli.main(argv)`` (or a code snippet) in a persistent child process, with
-    its fds 1 and 2 captured per request. A crash or a hang kills only the worker, which is
-    restarted for the next request."""
-
-    def __init__(self):
-        self.proc = None
-        self.tmp = Path(tempfile.mkdtemp(prefix="chainrows-worker-"))
-        self.started = 0
-
-    def _start(self):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
-        env.pop("CHAINROWS_DEBUG", None)
-        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, cwd=str(REPO), env=env)
-        self.started += 1
-
-    def _request(self, req: dict, timeout: float) -> CliResult:
-        if self.proc is None or self.proc.poll() is not None:
-            self._start()
-        out, err = self.tmp / "stdout", self.tmp / "stderr"
-        for f in (out, err):
-            f.unlink(missing_ok=True)
-        req = dict(req, stdout=str(out), stderr=str(err))
-        self.proc.stdin.write((json.dumps(req) + "\n").encode())
-        self.proc.stdin.flush()
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        ready = sel.select(timeout)
-        sel.close()
-        line = self.proc.stdout.readline() if ready else b""
-        text = lambda f: f.read_text(errors="replace") if f.exists() else ""  # noqa: E731
-        if not ready:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-            return CliResult("timeout", text(out), text(err))
-        if not line:  # the worker died
-            rc = self.proc.wait()
-            self.proc = None
-            return CliResult(rc if rc < 0 else f"died({rc})", text(out), text(err))
-        return CliResult(json.loads(line)["rc"], text(out), text(err))
-
-    def run(self, *argv, timeout: float = 120) -> CliResult:
-        return self._request({"argv": [str(a) for a in argv]}, timeout)
-
-    def exec(self, code: str, timeout: float = 120) -> CliResult:
-        """Run a code snippet in the worker; it sets ``rc`` (default 0)."""
-        return self._request({"code": code}, timeout)
-
-    def close(self):
-        if self.proc is not None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def cli():
-    worker = CliWorker()
-    yield worker
-    worker.close()
-
-
-def assert_clean_error(res: CliResult, *needles: str) -> str:
-    """Exit 2, exactly one line on stderr, ``chainrows: error: ...`` holding every needle."""
-    assert res.rc == 2, str(res)
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and res.stderr.endswith("\n"), f"stderr is not one line:\n{res}"
-    line = lines[0]
-    assert line.startswith("chainrows: error: "), str(res)
-    for needle in needles:
-        assert needle in line, f"{needle!r} not in the error line:\n{res}"
-    return line
-
-
-def assert_ran(res: CliResult) -> None:
-    """Exit 0, nothing on stderr (no warning, no traceback)."""
-    assert res.rc == 0 and res.stderr == "", str(res)
-
-
-# ============================================================================ datasets on disk
-
-CANONICAL = {
-    "ledger": LEDGER_SCHEMA,
-    "tokens": TOKENS_SCHEMA,
-    "rollouts": ROLLOUTS_SCHEMA,
-}
-
-
-def schemas(logprobs: bool, accepted: bool) -> dict:
-    return {
-        "ledger": LEDGER_SCHEMA,
-        "tokens": TOKENS_SCHEMA.append(LOGPROBS_FIELD) if logprobs else TOKENS_SCHEMA,
-        "rollouts": ROLLOUTS_SCHEMA.append(ACCEPTED_FIELD) if accepted else ROLLOUTS_SCHEMA,
-    }
-
-
-def build_tables(data: "Data") -> dict[str, pa.Table]:
-    sch = schemas(data.logprobs, data.accepted)
-    out = {}
-    for name, rows in zip(TABLES, (data.ledger, data.tokens, data.rollouts)):
-        rows = [{f.name: r.get(f.name) for f in sch[name]} for r in rows]
-        out[name] = pa.Table.from_pylist(rows, schema=sch[name])
-    return out
-
-
-def write_table(root: Path, name: str, table, *, parts: int = 1, **options) -> None:
-    """``table``: a pa.Table (``parts`` > 1: a directory of that many part files, same content
-    order), raw bytes (written as ``<name>.parquet``), or None (no table)."""
-    if table is None:
-        return
-    if isinstance(table, (bytes, bytearray)):
-        (root / f"{name}.parquet").write_bytes(table)
-        return
-    if parts <= 1:
-        pq.write_table(table, root / f"{name}.parquet", **options)
-        return
-    folder = root / name
-    folder.mkdir()
-    cuts = np.linspace(0, table.num_rows, parts + 1).astype(int)
-    for i in range(parts):
-        pq.write_table(table.slice(cuts[i], cuts[i + 1] - cuts[i]),
-                       folder / f"part-{i:05d}.parquet", **options)
-    (folder / "_SUCCESS").write_bytes(b"")
-    (folder / ".part-00000.parquet.crc").write_bytes(b"\x00garbage")
-
-
-def write_dir(root: Path, tables: dict, **options) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for name in TABLES:
-        write_table(root, name, tables.get(name), **options)
-    return root
-
-
-# ============================================================================ base inputs
-
-@dataclass
-class Data:
-    ledger: list
-    tokens: list
-    rollouts: list
-    logprobs: bool
-    accepted: bool
-
-    def copy(self) -> "Data":
-        return copy.deepcopy(self)
-
-
-def _from_builders(*parts, logprobs=False):
-    ledger, tokens, rollouts = combine(*parts)
-    accepted = any("accepted_response_ids" in r for r in rollouts)
-    if accepted:
-        for r in rollouts:
-            r.setdefault("accepted_response_ids", None)
-    return Data(ledger, tokens, rollouts, logprobs, accepted)
-
-
-def base_data(kind: int, seed: int) -> Data:
-    """A small valid (mostly ok) input; ``kind`` picks its shape."""
-    lp = bool(seed % 2)
-    if kind == 0:
-        return _from_builders(worked_example("wx", logprobs=lp), logprobs=lp)
-    if kind == 1:
-        return _from_builders(single_chain("sc", logprobs=lp), one_call("solo", "g2", 0.0, logprobs=lp),
-                              logprobs=lp)
-    if kind == 2:
-        b = worked_example("acc", "g", 0.5, logprobs=lp)
-        b.output(["c1", "c2", "c3", "c5"], accepted_calls=["c1", "c2", "c3", "c5"])
-        return _from_builders(b, worked_example("wx2", "g", 0.0, logprobs=lp, twin=True),
-                              single_chain("sc", "g", 1.0, logprobs=lp), logprobs=lp)
-    ledger, tokens, rollouts, options = random_dataset(seed, n_rollouts=4, corrupt=0.2)
-    accepted = any("accepted_response_ids" in r for r in rollouts)
-    return Data(ledger, tokens, rollouts, options["logprobs"], accepted)
 
 
 # ============================================================================ hostile values
@@ -578,11 +352,6 @@ def draw_hostile(draw, max_mutations: int = 3) -> tuple[Data, list[str]]:
 
 # ============================================================================ physical variants
 
-def _set(table: pa.Table, col: str, arr) -> pa.Table:
-    i = table.schema.get_field_index(col)
-    return table.set_column(i, pa.field(col, arr.type), arr)
-
-
 def _fits(arr, t: pa.DataType) -> bool:
     if len(arr) == 0 or arr.null_count == len(arr):
         return True
@@ -614,7 +383,7 @@ def _variant_column(table: pa.Table, col: str, draw) -> pa.Table:
         new = arr.cast(_pick(draw, fitting, f"{col} as"))
     else:
         return table
-    return _set(table, col, new)
+    return set_column(table, col, new)
 
 
 def apply_variants(tables: dict, draw) -> tuple[dict, dict]:
@@ -682,14 +451,6 @@ def _category(table_name: str, col: str, t: pa.DataType) -> str:
     return "int"
 
 
-def _invalid_utf8(arr: pa.Array, row: int) -> pa.Array:
-    """The same strings, with row ``row`` turned into invalid UTF-8 bytes."""
-    vals = [None if v is None else v.encode() for v in arr.to_pylist()]
-    vals[row] = (vals[row] or b"") + b"\xff\xfe\xc3"
-    b = pa.array(vals, pa.binary())
-    return pa.Array.from_buffers(pa.string(), len(b), b.buffers(), null_count=b.null_count)
-
-
 NOT_NULLABLE = {
     "ledger": ("rollout_id", "call_id", "response_id", "prev_len", "delta_len", "gen_len",
                "chain_hash", "failed"),
@@ -724,7 +485,7 @@ def apply_fault(tables: dict, draw, root: Path) -> tuple[dict, list[str], dict]:
             target = _pick(draw, WRONG_TYPES[_category(name, col, CANONICAL[name].field(col).type)], "type")
             if col in ("output_keys", "item_keys") and target == pa.list_(pa.int64()):
                 target = pa.list_(pa.int32())
-            tables[name] = _set(t, col, _wrong_array(t.column(col), target))
+            tables[name] = set_column(t, col, _wrong_array(t.column(col), target))
         needles.append(repr(col))
     elif kind == "null":
         assume(t.num_rows > 0)
@@ -732,7 +493,7 @@ def apply_fault(tables: dict, draw, root: Path) -> tuple[dict, list[str], dict]:
         row = _index(draw, range(t.num_rows), "row")
         vals = t.column(col).to_pylist()
         vals[row] = None
-        tables[name] = _set(t, col, pa.array(vals, t.schema.field(col).type))
+        tables[name] = set_column(t, col, pa.array(vals, t.schema.field(col).type))
         needles.append(repr(col))
     elif kind == "null_entry":
         cols = [c for c in NO_NULL_ENTRIES[name] if c in t.column_names]
@@ -742,14 +503,14 @@ def apply_fault(tables: dict, draw, root: Path) -> tuple[dict, list[str], dict]:
         assume(rows)
         row = _pick(draw, rows, "row")
         vals[row][_index(draw, vals[row], "pos")] = None
-        tables[name] = _set(t, col, pa.array(vals, t.schema.field(col).type))
+        tables[name] = set_column(t, col, pa.array(vals, t.schema.field(col).type))
         needles.append(repr(col))
     elif kind == "uint64_over":
         assume(name == "ledger" and t.num_rows > 0)
         col = _pick(draw, ("prev_len", "delta_len", "gen_len"), "column")
         vals = [v if v >= 0 else 0 for v in t.column(col).to_pylist()]
         vals[_index(draw, vals, "row")] = INT64_MAX + 1 + draw(st.integers(0, 2**63 - 1), label="over")
-        tables[name] = _set(t, col, pa.array(vals, pa.uint64()))
+        tables[name] = set_column(t, col, pa.array(vals, pa.uint64()))
         needles += [repr(col), "int64 range"]
     elif kind == "utf8":
         cols = [c for c in ("rollout_id", "call_id", "parent_id", "response_id", "group_id",
@@ -757,7 +518,7 @@ def apply_fault(tables: dict, draw, root: Path) -> tuple[dict, list[str], dict]:
         col = _pick(draw, cols, "column")
         assume(t.num_rows > 0)
         row = _index(draw, range(t.num_rows), "row")
-        tables[name] = _set(t, col, _invalid_utf8(t.column(col).combine_chunks(), row))
+        tables[name] = set_column(t, col, invalid_utf8(t.column(col).combine_chunks(), row))
         needles += [repr(col), "UTF-8"]
     elif kind == "not_parquet":
         tables[name] = b"rollout_id,call_id\nr,c\n"
@@ -812,15 +573,6 @@ def write_case(root: Path, tables: dict, options: dict, layout: dict, parts: dic
 
 
 # ============================================================================ the oracle
-
-def read_output(out: Path) -> tuple[pa.Table, pa.Table]:
-    def one(name):
-        for form in (out / f"{name}.parquet", out / name):
-            if form.exists():
-                return pq.read_table(form)
-        raise AssertionError(f"{name} missing in {out}: {sorted(os.listdir(out))}")
-    return one("rows"), one("report")
-
 
 def option_args(opts: dict) -> list[str]:
     args = ["--mode", opts["mode"], "--baseline", opts["baseline"],
@@ -933,18 +685,18 @@ def test_engine_hostile_tables(data):
         elif kind == "wrong_type":
             col = _pick(draw, CANONICAL[name].names, "column")
             target = _pick(draw, WRONG_TYPES[_category(name, col, CANONICAL[name].field(col).type)], "type")
-            tables[name] = _set(t, col, _wrong_array(t.column(col), target))
+            tables[name] = set_column(t, col, _wrong_array(t.column(col), target))
         else:
             assume(t.num_rows > 0)
             col = _pick(draw, ("rollout_id",) if kind == "utf8" else NOT_NULLABLE[name], "column")
             row = _index(draw, range(t.num_rows), "row")
             if kind == "utf8":
-                arr = _invalid_utf8(t.column(col).combine_chunks(), row)
+                arr = invalid_utf8(t.column(col).combine_chunks(), row)
             else:
                 vals = t.column(col).to_pylist()
                 vals[row] = None
                 arr = pa.array(vals, t.schema.field(col).type)
-            tables[name] = _set(t, col, arr)
+            tables[name] = set_column(t, col, arr)
         with pytest.raises(InputError) as err:
             reassemble(tables["ledger"], tables["tokens"], tables["rollouts"], mode=opts["mode"])
         assert "\n" not in str(err.value) and str(err.value).startswith(f"{name}: ")
@@ -1164,7 +916,7 @@ def _validate_cases(decide, build_batch):
 _BATCH_SNIPPET = """
 import copy, json
 import numpy as np
-from test_fuzz import base_data, build_tables
+from tests.support.tables import base_data, build_tables
 from chainrows.engine.run import decide, gather_rows
 from chainrows.lowering.columnar import build_batch
 from chainrows.options import Options

@@ -28,8 +28,8 @@ from chainrows.formats.gym import wire as W
 from chainrows.formats.gym.fingerprints import fingerprint
 from chainrows.formats.jsonl import import_jsonl_to_dataset
 
-from peaks import at_smallest_budget
-from test_jsonl import _doc_files
+from tests.support.peaks import at_smallest_budget
+from tests.support.jsonl_doc import doc_files
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = Path(__file__).resolve().parent / "gym_vectors"
@@ -40,7 +40,7 @@ EXAMPLE = ROOT / "examples" / "gym"
 
 def _doc_raw(tmp_path: Path) -> dict:
     """The docs/jsonl.md example (the README's worked example, rollout r1) as raw files."""
-    return _doc_files(tmp_path)
+    return doc_files(tmp_path)
 
 
 def _export(tmp_path: Path, raw: dict, name: str = "dump") -> Path:

@@ -44,7 +44,7 @@ from chainrows.outdir.parquet import WRITE_OPTIONS
 from chainrows.outdir.atomic import AtomicOutput, clean_stale_temp_dirs
 from chainrows.formats.native.write import write_dataset, write_dataset_atomic
 
-from builders import scribble_pages
+from tests.support.builders import scribble_pages
 
 # ----------------------------------------------------------------------------- fixtures
 

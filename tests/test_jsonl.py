@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 import struct
 from pathlib import Path
 
@@ -29,20 +28,7 @@ from chainrows.formats.native.schema import (
     ROLLOUTS_SCHEMA,
     TOKENS_SCHEMA,
 )
-
-DOC = Path(__file__).resolve().parents[1] / "docs" / "jsonl.md"
-
-
-def _doc_files(tmp_path: Path) -> dict[str, Path]:
-    """The example blocks of docs/jsonl.md, written to files."""
-    text = DOC.read_text()
-    out = {}
-    for name, body in re.findall(r"<!-- file: (\w+)\.jsonl -->\n```jsonl\n(.*?)```", text, re.S):
-        out[name] = tmp_path / f"{name}.jsonl"
-        out[name].write_text(body)
-    assert sorted(out) == ["ledger", "results", "tokens"]
-    return out
-
+from tests.support.jsonl_doc import doc_files
 
 def _lines(path: Path, *records) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
@@ -67,7 +53,7 @@ RESULT = dict(rollout_id="r1", group_id="g", reward=1.0, output=[MSG])
 # ----------------------------------------------------------------------------- the doc example
 
 def test_documented_example(tmp_path):
-    f = _doc_files(tmp_path)
+    f = doc_files(tmp_path)
     ledger, tokens, rollouts = import_jsonl(f["ledger"], f["tokens"], f["results"])
     assert ledger.schema == LEDGER_SCHEMA and ledger.num_rows == 5
     assert tokens.schema == TOKENS_SCHEMA.append(LOGPROBS_FIELD)
@@ -91,7 +77,7 @@ def test_documented_example(tmp_path):
 
 
 def test_import_to_dataset_roundtrip(tmp_path):
-    f = _doc_files(tmp_path)
+    f = doc_files(tmp_path)
     tables = import_jsonl(f["ledger"], f["tokens"], f["results"])
     import_jsonl_to_dataset(f["ledger"], f["tokens"], f["results"], tmp_path / "ds")
     d = read_dataset(tmp_path / "ds")
@@ -339,14 +325,14 @@ def test_gzip_and_truncated_gzip(tmp_path):
 
 
 def test_import_jsonl_reports_the_failing_file(tmp_path):
-    f = _doc_files(tmp_path)
+    f = doc_files(tmp_path)
     f["tokens"].write_text(f["tokens"].read_text() + "oops\n")
     msg = _err(import_jsonl, f["ledger"], f["tokens"], f["results"])
     assert msg == f"tokens: line 6: invalid JSON: Expecting value (file {f['tokens']})"
 
 
 def test_tables_are_arrow_with_expected_types(tmp_path):
-    f = _doc_files(tmp_path)
+    f = doc_files(tmp_path)
     ledger, tokens, rollouts = import_jsonl(f["ledger"], f["tokens"], f["results"])
     assert ledger.schema.field("chain_hash").type == pa.uint64()
     assert tokens.schema.field("tokens").type == pa.list_(pa.int32())

@@ -26,8 +26,8 @@ from chainrows.formats.native.dataset import TABLES, TablePlan, iter_table_batch
 from chainrows.errors import InputError
 from chainrows.synth import write_synth_dataset
 
-from builders import scribble_pages
-from outputs import output_bytes
+from tests.support.builders import scribble_pages
+from tests.support.outputs import output_bytes
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,5 @@
 """Property tests: the Numba engine agrees with the pure-Python reference on random inputs."""
 
-import math
 
 import numpy as np
 import pytest
@@ -8,58 +7,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chainrows import reference
-from engine_adapter import engine_reassemble
-from randomized import random_dataset
-
-EXACT_REPORT = ("rollout_id", "group_id", "status", "reason", "detail", "num_rows", "num_calls",
-                "num_selected", "num_roots", "loss_tokens")
-EXACT_ROWS = ("row_id", "rollout_id", "group_id", "segment", "num_segments", "input_ids",
-              "loss_mask", "logprobs", "prompt_len", "call_ids", "weight")
-
-
-def _same_float(a, b):
-    if a is None or b is None:
-        return a is None and b is None
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5)
-
-
-def _same_list(a, b):
-    if a is None or b is None:
-        return a is None and b is None
-    if any(isinstance(x, float) for x in a + b):  # logprobs travel as float32 through Arrow
-        a, b = np.float32(a).tolist(), np.float32(b).tolist()
-    return len(a) == len(b) and all(x == y or (x != x and y != y) for x, y in zip(a, b))
-
+from tests.support.compare import compare_outputs
+from tests.support.engine_adapter import engine_reassemble
+from tests.support.randomized import random_dataset
 
 def compare(seed, ledger, tokens, rollouts, options):
     want_rows, want_report = reference.reassemble(ledger, tokens, rollouts, **options)
     got_rows, got_report = engine_reassemble(ledger, tokens, rollouts, **options)
     compare_outputs(f"seed={seed} options={options}", got_rows, got_report, want_rows, want_report)
-
-
-def compare_outputs(ctx, got_rows, got_report, want_rows, want_report):
-    """Engine output (dict lists) against the reference's, field by field."""
-    assert [r["rollout_id"] for r in got_report] == [r["rollout_id"] for r in want_report], ctx
-    for g, w in zip(got_report, want_report):
-        for key in EXACT_REPORT:
-            assert g[key] == w[key], f"{ctx} {w['rollout_id']} report.{key}: engine {g[key]!r} reference {w[key]!r}"
-        for key in ("reward", "advantage"):
-            assert _same_float(g[key], w[key]), f"{ctx} {w['rollout_id']} report.{key}: {g[key]!r} vs {w[key]!r}"
-    assert len(got_rows) == len(want_rows), ctx
-    for g, w in zip(got_rows, want_rows):
-        placeholder = w["weight"] == 0.0
-        for key in EXACT_ROWS:
-            if key not in w or (placeholder and key in ("input_ids", "loss_mask", "logprobs", "prompt_len", "call_ids")):
-                continue  # placeholder tokens are unspecified by the SPEC
-            if key in ("input_ids", "loss_mask", "logprobs", "call_ids"):
-                assert _same_list(g[key], w[key]), f"{ctx} {w['row_id']}.{key}"
-            else:
-                assert g[key] == w[key], f"{ctx} {w['row_id']}.{key}: {g[key]!r} vs {w[key]!r}"
-        for key in ("reward", "advantage"):
-            assert _same_float(g[key], w[key]), f"{ctx} {w['row_id']}.{key}"
-        assert set(g) == set(w), ctx
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -130,13 +130,13 @@ def test_ray_footer_totals_refuse_an_encrypted_file_naming_it(tmp_path):
     from chainrows.runners.ray.job import _input_totals
     from chainrows.runners.ray.source import check_tables, locate
     from chainrows.synth import write_synth_dataset
-    from test_cli import _encrypted
+    from tests.support.tables import write_encrypted
 
     write_synth_dataset(tmp_path / "data", 4, seed=1)
     ledger = tmp_path / "data" / "ledger.parquet"
     table = pq.read_table(ledger)
     ledger.unlink()
-    _encrypted(ledger, table, ["call_id"], plaintext_footer=True)
+    write_encrypted(ledger, table, ["call_id"], plaintext_footer=True)
     loc = locate(f"file://{tmp_path / 'data'}")
     with pytest.raises(InputError, match="encrypted columns") as err:
         _input_totals(loc, check_tables(loc))

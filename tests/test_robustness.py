@@ -42,9 +42,12 @@ from chainrows.formats.native.schema import (
 )
 from chainrows.synth import write_synth_dataset
 
-from builders import one_call, worked_example
-from outputs import OUTPUT_ENTRIES, output_bytes
-from test_fuzz import REPO, assert_ran, cli, read_output, write_dir  # noqa: F401  (cli: fixture)
+from tests.support.builders import one_call, worked_example
+from tests.support.outputs import output_bytes, OUTPUT_ENTRIES
+from tests.support.cli_worker import assert_ran, cli  # noqa: F401  (cli: fixture)
+from tests.support.outputs import read_output
+from tests.support.paths import REPO
+from tests.support.tables import write_dir
 
 
 # ============================================================================ reconcile

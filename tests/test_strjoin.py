@@ -195,7 +195,7 @@ def test_item_join_codes_and_identified_calls():
     """join_items through build_batch (chainrows.lowering.joins.grouped_lookup): each item slot's code
     is the first output slot with its id, NO_OUTPUT when no output has it, -1 when null; a call
     is identified iff one of its slots names an output id; out_ids and out_served per output."""
-    from builders import RolloutBuilder, combine, message
+    from tests.support.builders import combine, message, RolloutBuilder
 
     from chainrows.engine.batch import NO_OUTPUT
     from chainrows.lowering.columnar import build_batch

@@ -3,7 +3,6 @@ corruption kind triggers the SPEC §3 reason it is named after."""
 
 from __future__ import annotations
 
-import math
 import os
 import random
 from collections import Counter, defaultdict
@@ -361,8 +360,8 @@ def test_forest_shapes_next_to_corruptions():
 
 @pytest.mark.parametrize("plan", ["linear", "forest"])
 def test_engine_matches_reference_on_forest_synth(plan):
-    from engine_adapter import engine_reassemble
-    from test_properties import compare_outputs
+    from tests.support.engine_adapter import engine_reassemble
+    from tests.support.compare import compare_outputs
 
     reference = pytest.importorskip("chainrows.reference")
     tables = synth_tables(96, seed=15, corrupt_rate=0.15, **FOREST_RATES)

@@ -19,16 +19,18 @@ from pathlib import Path
 import pytest
 
 from chainrows.cli import main
-from test_cli import _tables
-from test_fuzz import REPO, assert_ran, cli, write_dir  # noqa: F401  (cli is a fixture)
-from outputs import no_outputs, output_bytes
+from tests.support.tables import small_tables
+from tests.support.cli_worker import assert_ran, cli  # noqa: F401  (cli is a fixture)
+from tests.support.paths import REPO
+from tests.support.tables import write_dir
+from tests.support.outputs import no_outputs, output_bytes
 
 WORK = ".chainrows-work"
 
 
 @pytest.fixture
 def good(tmp_path) -> Path:
-    return write_dir(tmp_path / "data", _tables())
+    return write_dir(tmp_path / "data", small_tables())
 
 
 def _one_error_line(res) -> str:

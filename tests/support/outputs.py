@@ -3,6 +3,7 @@ file (chainrows.runners.bulk.job)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -34,3 +35,14 @@ def no_outputs(out) -> bool:
     """Neither output is in OUT (in either form)."""
     out = Path(out)
     return not any((out / n).exists() for n in ("rows", "rows.parquet", "report", "report.parquet"))
+
+
+def read_output(out: Path) -> tuple[pa.Table, pa.Table]:
+    """(rows, report) as tables, each output in either form (one file or a directory)."""
+    def one(name):
+        for form in (out / f"{name}.parquet", out / name):
+            if form.exists():
+                return pq.read_table(form)
+        raise AssertionError(f"{name} missing in {out}: {sorted(os.listdir(out))}")
+    return one("rows"), one("report")
+
