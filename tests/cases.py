@@ -784,7 +784,7 @@ def broken_chain_beats_missing_tokens():
     return b, {"wx": masked(R.D_PARENT_NOT_PREVIOUS, "c5")}
 
 
-# Step 10f: the forest cut (SPEC §3.1). Forks and shared calls are in tests/test_forest.py: their
+# Step 10f: the forest cut (SPEC §3.1). Forks and shared calls are in tests/engine/test_forest.py: their
 # rows break this file's invariants (a shared root's prompt tokens carry no loss in later rows).
 
 @case(plan="forest")

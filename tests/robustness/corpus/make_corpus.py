@@ -1,4 +1,5 @@
-"""Regenerate the JSON cases of this corpus: ``python tests/corpus/make_corpus.py``.
+"""Regenerate the JSON cases of this corpus, from the repository root:
+``python -m tests.robustness.corpus.make_corpus``.
 
 Each case is a small SPEC §2 input that once broke something or sits on an edge, with what the
 CLI must do with it (``test_fuzz.py::test_corpus`` replays them). The format, one JSON object:
@@ -23,14 +24,11 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parents[1]))
+from tests.support.builders import combine, one_call, single_chain, worked_example
 
-from builders import combine, one_call, single_chain, worked_example  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)

@@ -694,7 +694,7 @@ def test_route_choice_follows_the_input_order(dataset, shuffled, monkeypatch):
 # ----------------------------------------------------------------------------- larger than memory
 
 def _peak(*args):
-    """``chainrows reassemble ARGS`` in a fresh interpreter (tests/peaks.py): its summary and peak."""
+    """``chainrows reassemble ARGS`` in a fresh interpreter (tests/support/peaks.py): its summary and peak."""
     rc, peak, res = peak_run("reassemble", *args)
     assert rc == 0, res.stdout + res.stderr
     return "\n".join(res.stdout.strip().splitlines()[:-1]), peak

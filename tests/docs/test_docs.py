@@ -19,8 +19,9 @@ from chainrows.formats.native.dataset import read_dataset
 from chainrows.errors import InputError
 from chainrows.formats.items import canonical_json
 from chainrows.reference import chain_hash as reference_chain_hash
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 DOCS = ROOT / "docs"
 
 

@@ -11,13 +11,14 @@ import os
 from pathlib import Path
 
 import pytest
+from tests.support.paths import REPO
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("matplotlib")
 pytest.importorskip("ipykernel")
 
-REPO = Path(__file__).resolve().parents[1]
+
 NOTEBOOKS = REPO / "notebooks"
 CELL_TIMEOUT = 300  # seconds per cell; each notebook takes ~10 s at this size
 

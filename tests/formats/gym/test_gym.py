@@ -30,9 +30,10 @@ from chainrows.formats.jsonl import import_jsonl_to_dataset
 
 from tests.support.peaks import at_smallest_budget
 from tests.support.jsonl_doc import doc_files
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-VECTORS = Path(__file__).resolve().parent / "gym_vectors"
+ROOT = REPO
+VECTORS = Path(__file__).resolve().parent / "vectors"
 EXAMPLE = ROOT / "examples" / "gym"
 
 

@@ -45,6 +45,7 @@ from chainrows.outdir.atomic import AtomicOutput, clean_stale_temp_dirs
 from chainrows.formats.native.write import write_dataset, write_dataset_atomic
 
 from tests.support.builders import scribble_pages
+from tests.support.paths import REPO
 
 # ----------------------------------------------------------------------------- fixtures
 
@@ -794,7 +795,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_stale_temp_dir_from_killed_run_is_cleaned(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", _KILLED_CHILD, str(out)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL

@@ -3,14 +3,11 @@ and print every figure. No timing is asserted."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # asv_benchmarks lives at the repo root, next to chainrows
-    sys.path.insert(0, str(ROOT))
+ROOT = REPO
 
 
 @pytest.fixture(autouse=True)

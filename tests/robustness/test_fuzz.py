@@ -30,7 +30,7 @@ CHAINROWS_FUZZ_SCALE multiplies the counts):
 - engine level: the same hostile tables fed to ``chainrows.reassemble`` directly, and corrupted
   ``Batch`` arrays, which ``Batch.validate`` must refuse before a kernel reads out of bounds.
 
-``tests/corpus/`` keeps the nastiest inputs as JSON (or small Parquet directories); they are
+``tests/robustness/corpus/`` keeps the nastiest inputs as JSON (or small Parquet directories); they are
 replayed below as regression tests.
 """
 
@@ -1018,7 +1018,7 @@ def _options_of(args: list[str]) -> dict:
 
 @pytest.mark.parametrize("path", _corpus_cases(), ids=lambda p: p.stem)
 def test_corpus(cli, tmp_path, path):
-    """Replay the regression corpus (tests/corpus/, see make_corpus.py for the format)."""
+    """Replay the regression corpus (tests/robustness/corpus/, see make_corpus.py for the format)."""
     if path.is_dir():
         spec = json.loads((path / "expect.json").read_text())
         data, runs = path, spec["runs"]

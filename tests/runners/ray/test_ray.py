@@ -336,7 +336,7 @@ def test_killed_driver_leaves_nothing_visible_and_the_next_run_cleans_up(session
 
 
 # ----------------------------------------------------------------------------- the runner
-# Runs inside the namespace: `python tests/test_ray.py PLAN.json`.
+# Runs inside the namespace: `python tests/runners/ray/test_ray.py PLAN.json`.
 
 def _killable_engine(marker_dir: str):
     """The in-memory engine, except that the first task to call it records its pid and waits

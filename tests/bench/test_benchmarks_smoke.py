@@ -8,15 +8,13 @@ import itertools
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 TINY = 16  # rollouts, instead of the suite's smallest size
 
-if str(ROOT) not in sys.path:  # asv_benchmarks lives at the repo root, next to chainrows
-    sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(autouse=True)
