@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chainrows.engine.align import aligned_positions, aligned_positions_py
+from tests.support.profiles import examples
 
 
 @st.composite
@@ -33,7 +34,7 @@ def columns(draw):
     return starts, stops, dest_off, owners
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(3))
 @given(columns())
 def test_aligned_positions_are_their_plain_definition(col):
     starts, stops, dest_off, owners = col

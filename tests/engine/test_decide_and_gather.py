@@ -20,6 +20,7 @@ from chainrows.lowering.rowgroups import RowGroupWriter
 from chainrows.formats.native.schema import rows_schema, tables_from_pylists
 from chainrows.options import Options
 from tests.support.randomized import random_dataset
+from tests.support.profiles import examples
 
 DECISION_FIELDS = ("detail", "bad_call", "bad_pos", "sel_off", "sel", "sel_len", "chain_start", "n_chains",
                    "num_selected")
@@ -81,7 +82,7 @@ def check_same(batch, labels, options):
     return got
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1.5), suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), plan=st.sampled_from(("linear", "forest")),
        threads=st.sampled_from((1, 2)), token_chunk_rows=st.sampled_from((None, 1, 5)))
 def test_decide_and_gather_equals_decide_then_gather(seed, plan, threads, token_chunk_rows, monkeypatch_buffers):
@@ -214,7 +215,7 @@ def test_the_run_warm_up_loads_the_regather_kernels():
     assert copy == 2 and copy_hash == 1 and copy_lp == 1 and checks == 1, out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(st.data())
 def test_copy_order_matches_its_definition(data):
     """The counting sort that orders the copies by buffer: stable, with each buffer's bounds

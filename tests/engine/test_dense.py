@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chainrows.engine.dense import dense_codes, dense_codes_py, group_order, group_order_py, table_bits
+from tests.support.profiles import examples
 
 # few distinct keys (long runs of equal ones), extremes of the range, and keys that share
 # their table slot (multiples of a large power of two land together after the mix's shift)
@@ -16,7 +17,7 @@ KEYS = st.lists(st.one_of(st.integers(0, 5), st.sampled_from([2**64 - 1, 2**63, 
                 max_size=300)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(KEYS, st.data())
 def test_dense_codes_are_their_plain_definition(keys, data):
     second = [k * 7 % 2**64 for k in keys]
@@ -77,7 +78,7 @@ def test_the_scan_groups_rows_as_a_sort_based_recount(tmp_path):
     assert len(labels) == sc.n_groups == len(set(labels.values()))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(st.integers(1, 12).flatmap(lambda n: st.tuples(st.just(n), st.lists(st.integers(0, n - 1), max_size=60))))
 def test_group_order_is_its_plain_definition(case):
     n, codes = case

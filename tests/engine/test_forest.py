@@ -21,6 +21,7 @@ from tests.support.builders import combine, RolloutBuilder
 from tests.support.engine_adapter import engine_reassemble
 from tests.support.randomized import _corrupt, _interleave, CORRUPTIONS
 from tests.support.compare import compare_outputs
+from tests.support.profiles import examples
 
 BOTH = pytest.mark.parametrize("impl", ["engine", "reference"])
 IMPLS = {"engine": engine_reassemble, "reference": reference.reassemble}
@@ -337,7 +338,7 @@ def _ok_rollouts_identical(rows_a, report_a, rows_b, report_b, options):
     return len(ok)
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2.5), suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_forests_engine_matches_reference(seed):
     ledger, tokens, rollouts, options = random_forests(seed)
@@ -374,7 +375,7 @@ def test_random_forests_reach_the_forest_paths():
     assert {R.DETAILS[R.D_FIRST_NOT_ROOT][1], R.DETAILS[R.D_PARENT_NOT_SELECTED_BEFORE][1]} <= details
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(0.25))
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_forests_large_batches(seed):
     """Many rollouts per batch: the kernels' parallel chunks and shared scratch slots."""
@@ -385,7 +386,7 @@ def test_random_forests_large_batches(seed):
     compare_outputs(f"seed={seed}", got_rows, got_report, want_rows, want_report)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_linear_accepted_rollouts_identical_under_forest_on_linear_data(seed):
     """randomized.py's inputs (compactions and retries, built for the linear cut): every rollout
@@ -472,7 +473,7 @@ def test_cli_plan_forest_on_every_path(tmp_path, flags, capsys):
     assert shared, "the dataset has no forest rows with a shared call"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5))
 @given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=8), seed=st.integers(0, 2**32 - 1))
 def test_forest_chains_kernel_matches_its_definition(sizes, seed):
     """forest_chains against the plain-Python definition in its docstring, on raw selections:

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chainrows.engine import validate as ic
+from tests.support.profiles import examples
 
 SENTINELS = (-1, -2)
 
@@ -18,7 +19,7 @@ def _offsets(draw, owners: int, max_each: int) -> np.ndarray:
     return off
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(3))
 @given(st.data())
 def test_first_outside_owner_matches_its_definition(data):
     draw = data.draw
@@ -36,7 +37,7 @@ def test_first_outside_owner_matches_its_definition(data):
     assert ic.first_outside_owner(idx, idx_off, call_off, allow) == ic.first_outside_owner_py(idx, idx_off, call_off, allow)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(3))
 @given(st.data())
 def test_first_bad_range_matches_its_definition(data):
     draw = data.draw
@@ -48,7 +49,7 @@ def test_first_bad_range_matches_its_definition(data):
     assert ic.first_bad_range(start, stop, chunk, sizes, -1) == ic.first_bad_range_py(start, stop, chunk, sizes, -1)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(3))
 @given(st.data())
 def test_order_problem_matches_its_definition(data):
     draw = data.draw
@@ -75,7 +76,7 @@ def test_order_problem_matches_its_definition(data):
     assert ic.order_problem(order, tok_start, tok_chunk, -1) == ic.order_problem_py(order, tok_start, tok_chunk, -1)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(st.data())
 def test_lengths_match_matches_its_definition(data):
     draw = data.draw

@@ -10,6 +10,7 @@ from chainrows import reference
 from tests.support.compare import compare_outputs
 from tests.support.engine_adapter import engine_reassemble
 from tests.support.randomized import random_dataset
+from tests.support.profiles import examples
 
 def compare(seed, ledger, tokens, rollouts, options):
     want_rows, want_report = reference.reassemble(ledger, tokens, rollouts, **options)
@@ -17,14 +18,14 @@ def compare(seed, ledger, tokens, rollouts, options):
     compare_outputs(f"seed={seed} options={options}", got_rows, got_report, want_rows, want_report)
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15), suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_engine_matches_reference(seed):
     ledger, tokens, rollouts, options = random_dataset(seed)
     compare(seed, ledger, tokens, rollouts, options)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4))
 @given(seed=st.integers(0, 2**32 - 1))
 def test_engine_matches_reference_large_batches(seed):
     """Many rollouts per batch: parallel chunks, cross-rollout joins and groups."""
@@ -32,7 +33,7 @@ def test_engine_matches_reference_large_batches(seed):
     compare(seed, ledger, tokens, rollouts, options)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(3), suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_engine_matches_reference_through_the_candidate_index(seed):
     """The same with select's direct scan of small candidate sets turned off, so every position
@@ -48,7 +49,7 @@ def test_engine_matches_reference_through_the_candidate_index(seed):
         select.LINEAR_MAX = saved
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2), suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), threads=st.sampled_from((1, 2)))
 def test_engine_matches_reference_with_every_delta_streamed(seed, threads):
     """The same with the row copies streaming every delta (chainrows.engine.streamcopy), where
@@ -83,7 +84,7 @@ def test_corruptions_reach_every_reason_code():
     assert not missing, f"never produced: {sorted(missing)}"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(sizes=st.lists(st.integers(0, 80), min_size=0, max_size=12),
        n_lens=st.integers(1, 4), n_hashes=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
 def test_candidate_index_kernel_matches_lexsort(sizes, n_lens, n_hashes, seed):
@@ -131,7 +132,6 @@ def test_candidate_index_kernel_matches_lexsort(sizes, n_lens, n_hashes, seed):
     assert np.array_equal(cand.length, key_len[want]) and np.array_equal(cand.hash, hashes[want])
 
 
-@settings(max_examples=100, deadline=None)
 @given(slots=st.lists(st.lists(st.integers(-2, 6), max_size=4), max_size=30))
 def test_serving_index_matches_its_plain_definition(slots):
     """select.serving_index against its definition: per id code k, the calls (ascending, once

@@ -17,6 +17,7 @@ from chainrows.engine.threads import run
 from chainrows.arrays import offsets_from_lengths
 from chainrows.errors import InputError
 from chainrows.lowering.joins import _ledger_lists
+from tests.support.profiles import examples
 
 KEYS = st.one_of(st.none(), st.lists(st.sampled_from([0, 1, 7, 2**63, 2**64 - 1]), max_size=4))
 IDS = st.one_of(st.none(), st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", ""])), max_size=4))
@@ -59,7 +60,7 @@ def _slots(table, rows, threads_chunks=even_chunks):
     return key_len, slot_off, item_keys, item_pos, bad
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(ledgers())
 def test_kernels_match_definitions(ledger):
     table, rows = ledger

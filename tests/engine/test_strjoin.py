@@ -15,6 +15,7 @@ from chainrows.engine.strjoin import (
 )
 from chainrows.engine.threads import run
 from chainrows.arrays import offsets_from_lengths, string_parts
+from tests.support.profiles import examples
 
 # few distinct ids (many equal ones), some sharing a prefix or differing only in length
 IDS = st.one_of(st.none(), st.sampled_from(["", "a", "b", "ab", "ba", "aa", "é", "x" * 40, "x" * 41]))
@@ -82,7 +83,7 @@ def groups(draw):
     return offsets_from_lengths(sizes), build, probe_group, probe
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(3))
 @given(groups(), st.sampled_from([pa.string(), pa.large_string()]), st.sampled_from(["string", "pos"]))
 def test_kernels_match_definitions(case, string_type, null_as):
     build_off, build, probe_group, probe = case
@@ -169,7 +170,7 @@ def grouped(draw):
     return offsets_from_lengths(sizes), build, probe_sizes, probe
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(3))
 @given(grouped(), st.sampled_from([pa.string(), pa.large_string()]), st.sampled_from(["string", "pos"]))
 def test_fused_kernel_matches_definitions(case, string_type, null_as):
     build_off, build, probe_sizes, probe = case

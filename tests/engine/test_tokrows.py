@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from chainrows.engine.batch import NO_TOKENS
 from chainrows.engine.tokrows import token_rows, token_rows_py
+from tests.support.profiles import examples
 
 
 def _as_lists(rows) -> dict:
@@ -27,7 +28,7 @@ def cases(draw):
     return n_calls, of_token, per_row, draw(st.booleans())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(3))
 @given(cases())
 def test_kernel_matches_definition(case):
     n_calls, of_token, (chunk, start, stop, lp_start, lp_stop), has_lp = case

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from numba.core.errors import TypingError
 
 from chainrows.engine.xxh3 import hash_deltas, xxh3_64_tokens
+from tests.support.profiles import examples
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 FIXED_SEEDS = [0, 1, 2**32 - 1, 2**32, 2**63, 2**64 - 1]
@@ -128,7 +129,7 @@ def test_rejects_non_contiguous_tokens(buf):
         xxh3_64_tokens(buf[:100:2], 0, 10, np.uint64(0))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(3))
 @given(
     n=st.one_of(st.integers(0, 70), st.integers(0, 3000)),
     off=st.integers(0, 15),

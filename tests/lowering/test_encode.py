@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chainrows.lowering.joins import _encode_sorted
+from tests.support.profiles import examples
 
 IDS = st.one_of(st.none(), st.sampled_from(["", "a", "b", "ab", "B", "é", "a\x00", "\U0001F642", "x" * 30]))
 CHUNK = st.tuples(st.lists(IDS, max_size=6), st.sampled_from([pa.string(), pa.large_string()]))
@@ -32,7 +33,7 @@ def encode_sorted_py(columns: list[list]) -> tuple[list[str], list[list[int]]]:
     return distinct, [[-1 if v is None else code[v] for v in col] for col in columns]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(columns=st.lists(COLUMN, min_size=1, max_size=3))
 def test_codes_in_byte_order_match_the_definition(columns):
     arrays = [_column(chunks, chunked) for chunks, chunked in columns]

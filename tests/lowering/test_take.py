@@ -13,6 +13,7 @@ from chainrows.engine.ragged import take_ragged, take_ragged_chunks
 from chainrows.engine.streamcopy import STREAM_MIN_BYTES
 from chainrows.lowering import take as take_module
 from chainrows.lowering.take import take_rows
+from tests.support.profiles import examples
 
 
 # rows of a few values, and rows past streamcopy.STREAM_MIN_BYTES in every dtype, which
@@ -36,7 +37,7 @@ def naive_take_ragged(offsets, content, idx):
     return out_off, (np.concatenate(parts) if parts else content[:0])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5))
 @given(lengths=st.lists(ROW_LENGTH, max_size=40), data=st.data(),
        dtype=st.sampled_from([np.int32, np.float32, np.uint8, np.uint64]))
 def test_take_ragged_is_the_plain_gather(lengths, data, dtype):
@@ -51,7 +52,7 @@ def test_take_ragged_is_the_plain_gather(lengths, data, dtype):
 
 
 @pytest.mark.parametrize("copy_on", ["calling thread", "all threads"])
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5))
 @given(lengths=st.lists(ROW_LENGTH, min_size=1, max_size=40), data=st.data(),
        dtype=st.sampled_from([np.int32, np.float32, np.uint8]))
 def test_take_ragged_chunks_is_the_plain_gather_over_the_concatenation(copy_on, lengths, data, dtype):
@@ -183,7 +184,7 @@ def test_null_lists_covering_values_take_the_block_copy(value_type):
 STRING_LISTS = st.lists(st.lists(st.sampled_from(["", "a", "bc", "é", "c001", "x" * 30]), max_size=5), max_size=30)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(1.2))
 @given(rows=STRING_LISTS, data=st.data(),
        list_type=st.sampled_from([pa.list_, pa.large_list]), string_type=st.sampled_from([pa.string(), pa.large_string()]),
        chunk=st.integers(1, 9), null_string=st.booleans(), null_list=st.booleans(), blocks=st.booleans())

@@ -23,6 +23,7 @@ from tests.calls_cases import (
     failed,
     worked_records,
 )
+from tests.support.profiles import examples
 
 
 @pytest.mark.parametrize("case", CALLS_CASES, ids=[c.name for c in CALLS_CASES])
@@ -147,7 +148,7 @@ def test_no_records():
 # Invariants on random call logs
 # --------------------------------------------------------------------------------------------
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2.5), suppress_health_check=[HealthCheck.too_slow])
 @given(call_logs(), st.sampled_from(["root", "mask"]))
 def test_invariants_on_random_call_logs(records, on_drift):
     before = copy.deepcopy(records)

@@ -13,8 +13,9 @@ Never a signal (segfault, abort), a hang, a traceback, exit 1 or a partial outpu
 runs in a long-lived worker process (``CliWorker``) so a crash is seen as a crash, with the
 input that caused it, instead of killing pytest; the worker pays the numba/pyarrow start-up once.
 
-Strategies (hypothesis; 120/150/80/60 examples, about 30 s for the module on 2 cores;
-CHAINROWS_FUZZ_SCALE multiplies the counts):
+Strategies (hypothesis; 1.2/1.5/0.8/0.6 times the profile's examples (tests/conftest.py): 120/150/
+80/60 under the ci profile, about 30 s for the module on 2 cores; HYPOTHESIS_PROFILE=nightly
+runs ten times that):
 
 - ``mutations``: hostile *values* in otherwise well-typed tables: int64 extremes in the length
   fields, chain hashes, tokens shorter/longer than delta_len, null/empty lists, NaN/inf
@@ -72,20 +73,13 @@ from tests.support.tables import (
     write_dir,
     write_table,
 )
+from tests.support.profiles import examples
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 
-# CHAINROWS_FUZZ_SCALE=10 runs ten times the examples (a nightly job, or a hunt for bugs).
-SCALE = float(os.environ.get("CHAINROWS_FUZZ_SCALE", "1"))
-
-
-def examples(n: int) -> int:
-    return max(1, int(n * SCALE))
-
-
-FUZZ = settings(max_examples=examples(120), deadline=None, derandomize=False, print_blob=True,
+FUZZ = settings(max_examples=examples(1.2), derandomize=False, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
 
@@ -665,7 +659,7 @@ def _normalized(tables: dict):
     return Dataset(out["ledger"], out["tokens"], out["rollouts"], {})
 
 
-@settings(FUZZ, max_examples=examples(150))
+@settings(FUZZ, max_examples=examples(1.5))
 @given(data=st.data())
 def test_engine_hostile_tables(data):
     """``chainrows.reassemble`` on hostile Arrow tables (no Parquet in between): every output row
@@ -724,7 +718,7 @@ def small_synth(tmp_path_factory):
 CODECS = ("snappy", "zstd", "none", "gzip")
 
 
-@settings(FUZZ, max_examples=examples(80))
+@settings(FUZZ, max_examples=examples(0.8))
 @given(data=st.data())
 def test_cli_corrupted_parquet_bytes(cli, small_synth, tmp_path_factory, data):
     """Flip, overwrite or cut bytes of a real dataset's Parquet files: the CLI either reports
@@ -942,7 +936,7 @@ _INDEX_FIELDS = ("call_off", "out_off", "acc_off", "cand_off", "key_off", "paren
                  "prev_len", "delta_len", "gen_len", "out_ids", "item_ids")
 
 
-@settings(FUZZ, max_examples=examples(60))
+@settings(FUZZ, max_examples=examples(0.6))
 @given(data=st.data())
 def test_corrupted_batch_never_crashes(cli, data):
     """Random values in the Batch's index arrays: validate refuses them (ValueError) or the

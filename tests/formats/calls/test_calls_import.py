@@ -16,6 +16,7 @@ from chainrows.formats.calls.jsonl import read_jsonl
 from chainrows.formats.calls.tables import LEDGER, REPORT, TOKENS
 
 from tests.calls_cases import CALLS_CASES, check_calls_case
+from tests.support.profiles import examples
 
 
 @dataclass
@@ -97,14 +98,14 @@ def _same_as_reference(records: list, on_drift: str, tmp_path, batch_bytes: int)
     assert got.tokens == want.tokens
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=examples(3), suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(call_logs(), st.sampled_from(["root", "mask"]), st.sampled_from([1, 200, 1 << 20]))
 def test_same_as_reference_on_small_logs(tmp_path, records, on_drift, batch_bytes):
     _same_as_reference(records, on_drift, tmp_path, batch_bytes)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=examples(0.6), suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(call_logs(max_records=40, vocabulary=4, max_new=8), st.sampled_from(["root", "mask"]))
 def test_same_as_reference_on_longer_logs(tmp_path, records, on_drift):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from chainrows.formats.calls import jsonl as CJ
 from chainrows.errors import InputError
+from tests.support.profiles import examples
 
 PATH = Path("calls.jsonl")
 
@@ -158,7 +159,7 @@ def _edit(text: str, edit: str, k: int) -> str:
     }[edit]()
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(4), suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(lines(), min_size=1, max_size=4))
 def test_kernel_and_exact_reader_agree_on_random_lines(batch):
     _same(*_both([line.encode() for line in batch]))

@@ -31,6 +31,7 @@ from chainrows.formats.jsonl import import_jsonl_to_dataset
 from tests.support.peaks import at_smallest_budget
 from tests.support.jsonl_doc import doc_files
 from tests.support.paths import REPO
+from tests.support.profiles import examples
 
 ROOT = REPO
 VECTORS = Path(__file__).resolve().parent / "vectors"
@@ -947,7 +948,7 @@ _REWRITES = [
 ]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(0.4), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(st.tuples(st.integers(0, 4), st.integers(0, len(_REWRITES) - 1), st.integers(0, 2**16)),
                       max_size=4),
        bucketed=st.booleans())

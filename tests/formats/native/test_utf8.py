@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chainrows.formats.native import dataset as dsmod
+from tests.support.profiles import examples
 
 PIECES = [b"a", b"call-7", b"", b"\xc3\xa9", b"\xe2\x82\xac", b"\xff", b"\xc3", b"\x80", b"\xed\xa0\x80"]
 
@@ -90,7 +91,7 @@ def string_arrays(draw):
     return arr
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(4))
 @given(string_arrays())
 def test_quick_utf8_check_answers_as_full_validation(arr):
     try:
