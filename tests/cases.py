@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 from chainrows import reasons as R
 from chainrows.reasons import DETAILS, REASONS, format_detail
-
 from tests.support.builders import (
     LAST,
     RolloutBuilder,

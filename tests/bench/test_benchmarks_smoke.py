@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -170,8 +171,8 @@ def test_wide_shape_is_its_source_with_text_a_run_never_reads(tmp_path):
     import pyarrow.parquet as pq
 
     from asv_benchmarks.shapes import DERIVED_SHAPES, write_shaped_dataset
-    from chainrows.runners import bulk
     from chainrows.formats.native.dataset import footer_totals, plan_table, read_dataset
+    from chainrows.runners import bulk
 
     source, make = DERIVED_SHAPES["wide"]
     src = write_shaped_dataset(tmp_path / "src", source, 500_000, seed=2)

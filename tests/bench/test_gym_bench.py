@@ -3,8 +3,8 @@ and print every figure. No timing is asserted."""
 
 from __future__ import annotations
 
-
 import pytest
+
 from tests.support.paths import REPO
 
 ROOT = REPO

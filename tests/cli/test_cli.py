@@ -23,11 +23,9 @@ import pytest
 from chainrows.cli import HUGE_PAGES_ENV
 from chainrows.cli import main as cli_main
 from tests.support.cli_worker import assert_clean_error, assert_ran, cli  # noqa: F401  (cli is a fixture)
-from tests.support.outputs import read_output
+from tests.support.outputs import OUTPUT_ENTRIES, no_outputs, output_bytes, read_output
 from tests.support.paths import REPO
-from tests.support.tables import invalid_utf8, set_column, write_dir
-from tests.support.tables import small_tables, write_encrypted
-from tests.support.outputs import no_outputs, output_bytes, OUTPUT_ENTRIES
+from tests.support.tables import invalid_utf8, set_column, small_tables, write_dir, write_encrypted
 
 
 @pytest.fixture
@@ -373,8 +371,8 @@ def test_a_complete_result_is_refused_without_overwrite(cli, good, tmp_path, com
 def test_what_an_interrupted_run_left_is_never_a_reason_to_refuse(cli, good, tmp_path, command):
     """An empty OUT, a staging dir of a dead run, finished work for --resume, a rows table
     committed without its report: all replaced by a plain run, no --overwrite needed."""
-    from chainrows.runners.bulk.job import WORK_DIR
     from chainrows.outdir.atomic import TMP_PREFIX
+    from chainrows.runners.bulk.job import WORK_DIR
 
     argv, names = _writers(good, tmp_path)[command]
     out = tmp_path / "out"
@@ -471,9 +469,9 @@ def test_summary_names_the_files_and_counts_placeholders(cli, tmp_path):
     trained = sum(report.column("num_rows").to_pylist())
     placeholders = rows.num_rows - trained
     assert placeholders == 1 and trained == 3  # wx has two chains, sc one; solo is masked
-    line = next(l for l in res.stdout.splitlines() if l.startswith("rows "))
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("rows "))
     assert line.split(None, 1)[1] == f"{rows.num_rows} ({trained} trained, {placeholders} placeholders)"
-    wrote = next(l for l in res.stdout.splitlines() if l.startswith("wrote "))
+    wrote = next(ln for ln in res.stdout.splitlines() if ln.startswith("wrote "))
     assert f"{out / 'rows'}/ (" in wrote and f"{out / 'report.parquet'} (" in wrote
 
 
@@ -482,7 +480,7 @@ def test_partition_bar_never_passes_its_total(cli, good, tmp_path):
 
     res = cli.run("reassemble", good, tmp_path / "out", "--buckets", "2", "--progress")
     assert res.rc == 0, res
-    bars = [l for l in re.split(r"[\r\n]", res.stderr) if l.startswith("partition")]
+    bars = [ln for ln in re.split(r"[\r\n]", res.stderr) if ln.startswith("partition")]
     assert bars, res.stderr
     units = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
     for bar in bars:

@@ -28,7 +28,7 @@ def test_synth_says_what_its_corruptions_do(tmp_path, capsys):
     """synth's count of corruptions that cc mode masks is what reassemble then masks."""
     data = tmp_path / "ds"
     assert main(["synth", str(data), "--rollouts", "200", "--seed", "3", "--corrupt-rate", "0.5"]) == 0
-    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("corrupt"))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("corrupt"))
     corrupt, rest = line.split(None, 1)[1].split(": ", 1)
     in_cc = int(rest.split(" masked in cc mode")[0].replace(",", ""))
     only_ordinary = int(rest.split(", ", 1)[1].split(" only in --mode ordinary")[0].replace(",", ""))
@@ -76,9 +76,9 @@ def test_reassemble_says_it_compiles_and_keeps_compiling_out_of_throughput(tmp_p
     counted as compiling in the summary, not as work."""
     import numba
 
+    from chainrows.cli import COMPILING
     from chainrows.runners import bulk
     from chainrows.runners.bulk.summary import Summary
-    from chainrows.cli import COMPILING
 
     took = []
 
@@ -92,7 +92,7 @@ def test_reassemble_says_it_compiles_and_keeps_compiling_out_of_throughput(tmp_p
     assert main(["reassemble", str(tmp_path / "data"), str(tmp_path / "out"), "--progress"]) == 0
     captured = capsys.readouterr()
     assert captured.err.count(COMPILING) == 1
-    throughput = next(l for l in captured.out.splitlines() if l.startswith("throughput"))
+    throughput = next(ln for ln in captured.out.splitlines() if ln.startswith("throughput"))
     counted_whole = 1000 / (took[0] + 0.01)
     assert float(throughput.split()[1].replace(",", "")) > 2 * counted_whole  # compiling was taken out
 
@@ -124,7 +124,7 @@ def test_stats_compares_cc_with_ordinary(data, capsys):
     assert main(["stats", str(data)]) == 0
     text = capsys.readouterr().out
     assert "ordinary" in text and "cc - ordinary" in text and "loss tokens" in text
-    line = next(l for l in text.splitlines() if l.startswith("rollouts ok"))
+    line = next(ln for ln in text.splitlines() if ln.startswith("rollouts ok"))
     ordinary, cc, diff = (int(x.replace(",", "")) for x in line.split()[2:5])
     assert cc - ordinary == diff and cc > ordinary
 
@@ -132,7 +132,7 @@ def test_stats_compares_cc_with_ordinary(data, capsys):
 def _stats_table(text):
     """The stats table: {measure: {column: value}}."""
     lines = text.splitlines()
-    head = next(i for i, l in enumerate(lines) if "cc - ordinary" in l)
+    head = next(i for i, ln in enumerate(lines) if "cc - ordinary" in ln)
     columns = [c.strip() for c in lines[head].split("  ") if c.strip()]
     table = {}
     for line in lines[head + 1:]:

@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 
 from chainrows.cli import main
-from tests.support.tables import small_tables
 from tests.support.cli_worker import assert_ran, cli  # noqa: F401  (cli is a fixture)
-from tests.support.paths import REPO
-from tests.support.tables import write_dir
 from tests.support.outputs import no_outputs, output_bytes
+from tests.support.paths import REPO
+from tests.support.tables import small_tables, write_dir
 
 WORK = ".chainrows-work"
 

@@ -15,9 +15,9 @@ import pytest
 
 import chainrows
 from chainrows import reasons
-from chainrows.formats.native.dataset import read_dataset
 from chainrows.errors import InputError
 from chainrows.formats.items import canonical_json
+from chainrows.formats.native.dataset import read_dataset
 from chainrows.reference import chain_hash as reference_chain_hash
 from tests.support.paths import REPO
 
@@ -190,7 +190,7 @@ def test_integrity_error_column_masks_what_format_md_says(tmp_path):
 def test_relative_links_resolve(doc):
     text = (DOCS / doc).read_text(encoding="utf-8")
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
-    local = [l for l in links if "://" not in l]
+    local = [ln for ln in links if "://" not in ln]
     assert local, doc
     for link in local:
         assert (DOCS / link).exists(), (doc, link)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from tests.support.paths import REPO
 
 nbformat = pytest.importorskip("nbformat")

@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 from chainrows.engine import run as engine_run
 from chainrows.engine.run import decide, decide_and_gather, gather_rows
+from chainrows.formats.native.schema import rows_schema, tables_from_pylists
 from chainrows.lowering.columnar import build_batch
 from chainrows.lowering.output import _token_lists, rows_table
 from chainrows.lowering.rowgroups import RowGroupWriter
-from chainrows.formats.native.schema import rows_schema, tables_from_pylists
 from chainrows.options import Options
-from tests.support.randomized import random_dataset
 from tests.support.profiles import examples
+from tests.support.randomized import random_dataset
 
 DECISION_FIELDS = ("detail", "bad_call", "bad_pos", "sel_off", "sel", "sel_len", "chain_start", "n_chains",
                    "num_selected")

@@ -17,11 +17,11 @@ from chainrows import reasons as R
 from chainrows import reference
 from chainrows.options import Options
 from chainrows.reasons import format_detail
-from tests.support.builders import combine, RolloutBuilder
-from tests.support.engine_adapter import engine_reassemble
-from tests.support.randomized import _corrupt, _interleave, CORRUPTIONS
+from tests.support.builders import RolloutBuilder, combine
 from tests.support.compare import compare_outputs
+from tests.support.engine_adapter import engine_reassemble
 from tests.support.profiles import examples
+from tests.support.randomized import CORRUPTIONS, _corrupt, _interleave
 
 BOTH = pytest.mark.parametrize("impl", ["engine", "reference"])
 IMPLS = {"engine": engine_reassemble, "reference": reference.reassemble}
@@ -269,9 +269,9 @@ def random_forests(seed: int, n_rollouts: int | None = None, corrupt: float = 0.
     accepted_col = rng.random() < 0.3
     ledger, tokens, rollouts = [], [], []
     for i in range(n):
-        l, t, r = random_forest(rng, f"r{i}", rng.choice(("g0", "g1", None)), logprobs=logprobs,
-                                accepted_col=accepted_col, corrupt=corrupt)
-        ledger += l
+        ln, t, r = random_forest(rng, f"r{i}", rng.choice(("g0", "g1", None)), logprobs=logprobs,
+                                 accepted_col=accepted_col, corrupt=corrupt)
+        ledger += ln
         tokens += t
         rollouts += r
     if accepted_col:
@@ -487,7 +487,6 @@ def test_forest_chains_kernel_matches_its_definition(sizes, seed):
     R_, off = len(sizes), [0]
     for n in sizes:
         off.append(off[-1] + n)
-    C = off[-1]
     parent, sel, sel_len, sel_off = [], [], [], [0]
     for r, n in enumerate(sizes):
         a = off[r]

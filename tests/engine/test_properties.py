@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from chainrows import reference
 from tests.support.compare import compare_outputs
 from tests.support.engine_adapter import engine_reassemble
-from tests.support.randomized import random_dataset
 from tests.support.profiles import examples
+from tests.support.randomized import random_dataset
+
 
 def compare(seed, ledger, tokens, rollouts, options):
     want_rows, want_report = reference.reassemble(ledger, tokens, rollouts, **options)

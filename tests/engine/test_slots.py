@@ -8,13 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chainrows.arrays import offsets_from_lengths
 from chainrows.engine.batch import readonly
 from chainrows.engine.chunks import balanced_chunks, even_chunks
 from chainrows.engine.slots import (
-    any_served, any_served_py, fill_slots, fill_slots_py, slot_counts, slot_counts_py,
+    any_served,
+    any_served_py,
+    fill_slots,
+    fill_slots_py,
+    slot_counts,
+    slot_counts_py,
 )
 from chainrows.engine.threads import run
-from chainrows.arrays import offsets_from_lengths
 from chainrows.errors import InputError
 from chainrows.lowering.joins import _ledger_lists
 from tests.support.profiles import examples

@@ -8,7 +8,13 @@ from numba.core.errors import TypingError
 
 from chainrows.engine.jit import jit
 from chainrows.engine.streamcopy import (
-    NEVER, STREAM_MIN_BYTES, STREAM_MIN_OUTPUT_BYTES, store_fence, stream_copy, stream_copy_py, stream_from,
+    NEVER,
+    STREAM_MIN_BYTES,
+    STREAM_MIN_OUTPUT_BYTES,
+    store_fence,
+    stream_copy,
+    stream_copy_py,
+    stream_from,
 )
 
 

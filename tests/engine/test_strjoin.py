@@ -8,13 +8,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chainrows.arrays import offsets_from_lengths, string_parts
 from chainrows.engine.batch import readonly
 from chainrows.engine.jit import jit
 from chainrows.engine.strjoin import (
-    _hash, _same, index_groups, index_groups_py, join_groups, new_tables, probe_groups, probe_groups_py, table_offsets,
+    _hash,
+    _same,
+    index_groups,
+    index_groups_py,
+    join_groups,
+    new_tables,
+    probe_groups,
+    probe_groups_py,
+    table_offsets,
 )
 from chainrows.engine.threads import run
-from chainrows.arrays import offsets_from_lengths, string_parts
 from tests.support.profiles import examples
 
 # few distinct ids (many equal ones), some sharing a prefix or differing only in length
@@ -196,11 +204,10 @@ def test_item_join_codes_and_identified_calls():
     """join_items through build_batch (chainrows.lowering.joins.grouped_lookup): each item slot's code
     is the first output slot with its id, NO_OUTPUT when no output has it, -1 when null; a call
     is identified iff one of its slots names an output id; out_ids and out_served per output."""
-    from tests.support.builders import combine, message, RolloutBuilder
-
     from chainrows.engine.batch import NO_OUTPUT
-    from chainrows.lowering.columnar import build_batch
     from chainrows.formats.native.schema import tables_from_pylists
+    from chainrows.lowering.columnar import build_batch
+    from tests.support.builders import RolloutBuilder, combine, message
 
     first = RolloutBuilder("a-first")  # sorts first: the second rollout's slots start further on
     first.call("k1", None, carry=[1], gen=[2], items=[message("p", "a")])

@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import chainrows
-from chainrows.engine.jit import jit
 from chainrows.engine.chunks import even_chunks
+from chainrows.engine.jit import jit
 from chainrows.engine.threads import Step, parts, run, run_steps, step_parts
 
 

@@ -1,12 +1,12 @@
 """take_ragged / take_rows against their plain definitions."""
 
+from unittest import mock
+
 import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from unittest import mock
 
 from chainrows.engine import ragged
 from chainrows.engine.ragged import take_ragged, take_ragged_chunks
@@ -14,7 +14,6 @@ from chainrows.engine.streamcopy import STREAM_MIN_BYTES
 from chainrows.lowering import take as take_module
 from chainrows.lowering.take import take_rows
 from tests.support.profiles import examples
-
 
 # rows of a few values, and rows past streamcopy.STREAM_MIN_BYTES in every dtype, which
 # stream_rows streams

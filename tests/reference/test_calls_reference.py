@@ -11,17 +11,18 @@ from hypothesis import strategies as st
 
 from chainrows.reference import calls as C
 from chainrows.reference.calls import RELATIONS, import_calls
-
 from tests.calls_cases import (
-    CALLS_CASES,
     CALLS_CASE_BY_NAME,
-    RELATIONS as CASE_RELATIONS,
+    CALLS_CASES,
     call,
     call_logs,
     check_calls_case,
     check_calls_invariants,
     failed,
     worked_records,
+)
+from tests.calls_cases import (
+    RELATIONS as CASE_RELATIONS,
 )
 from tests.support.profiles import examples
 

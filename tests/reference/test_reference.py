@@ -12,9 +12,8 @@ import xxhash
 from chainrows import reasons as R
 from chainrows.formats.native.schema import tables_from_pylists
 from chainrows.reference import chain_hash, reassemble
-
-from tests.support.builders import delta_hash, one_call, worked_example
 from tests.cases import CASES, check_case
+from tests.support.builders import delta_hash, one_call, worked_example
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -7,9 +7,8 @@ across repeated runs (docs/decisions.md "Output").
 
 from __future__ import annotations
 
-import re
-
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +19,8 @@ import pytest
 from chainrows import reassemble
 from chainrows.formats.native.dataset import read_dataset
 from chainrows.synth import write_synth_dataset
-
-from tests.support.outputs import output_bytes
 from tests.support.cli_worker import assert_ran, cli  # noqa: F401  (cli is a fixture)
+from tests.support.outputs import output_bytes
 
 OPTION_SETS = {
     "default": [],
@@ -239,8 +237,8 @@ def test_build_helper_thread_returns_and_raises_like_inline():
     error at the point the caller asks for it (so errors keep their order)."""
     import numba
 
-    from chainrows.lowering import columnar
     from chainrows.errors import InputError
+    from chainrows.lowering import columnar
 
     def boom(x):
         raise InputError(f"tokens: bad {x}")

@@ -53,14 +53,13 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 from chainrows import reassemble, reference
-from chainrows.testing.reconcile import reconcile
-from chainrows.formats.native.dataset import read_dataset
 from chainrows.errors import InputError
-
-from tests.support.outputs import no_outputs
-from tests.support.compare import compare_outputs
+from chainrows.formats.native.dataset import read_dataset
+from chainrows.testing.reconcile import reconcile
 from tests.support.cli_worker import assert_clean_error, assert_ran, cli  # noqa: F401  (cli is a fixture)
-from tests.support.outputs import read_output
+from tests.support.compare import compare_outputs
+from tests.support.outputs import no_outputs, read_output
+from tests.support.profiles import examples
 from tests.support.tables import (
     CANONICAL,
     TABLES,
@@ -73,7 +72,6 @@ from tests.support.tables import (
     write_dir,
     write_table,
 )
-from tests.support.profiles import examples
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 INT64_MAX = 2**63 - 1
@@ -653,7 +651,7 @@ def test_cli_hostile_tables(cli, tmp_path_factory, data):
 
 def _normalized(tables: dict):
     """The tables as the reader would return them (null lists -> empty etc.), for the oracle."""
-    from chainrows.formats.native.dataset import Dataset, validate_schema, normalize
+    from chainrows.formats.native.dataset import Dataset, normalize, validate_schema
 
     out = {n: normalize(n, t, validate_schema(n, t.schema)) for n, t in tables.items()}
     return Dataset(out["ledger"], out["tokens"], out["rollouts"], {})

@@ -30,8 +30,6 @@ import pytest
 import xxhash
 
 from chainrows import reassemble, reference
-from chainrows.testing.reconcile import reconcile, reconcile_output
-from chainrows.options import Options
 from chainrows.formats.native.schema import (
     LEDGER_SCHEMA,
     REPORT_SCHEMA,
@@ -40,15 +38,14 @@ from chainrows.formats.native.schema import (
     rows_schema,
     tables_from_pylists,
 )
+from chainrows.options import Options
 from chainrows.synth import write_synth_dataset
-
+from chainrows.testing.reconcile import reconcile, reconcile_output
 from tests.support.builders import one_call, worked_example
-from tests.support.outputs import output_bytes, OUTPUT_ENTRIES
 from tests.support.cli_worker import assert_ran, cli  # noqa: F401  (cli: fixture)
-from tests.support.outputs import read_output
+from tests.support.outputs import OUTPUT_ENTRIES, output_bytes, read_output
 from tests.support.paths import REPO
 from tests.support.tables import write_dir
-
 
 # ============================================================================ reconcile
 

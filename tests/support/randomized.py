@@ -188,9 +188,9 @@ def random_dataset(seed: int, n_rollouts: int | None = None, corrupt: float = 0.
     ledger, tokens, rollouts = [], [], []
     for i in range(n):
         group = rng.choice(("g0", "g1", "g2", None))
-        l, t, r = random_rollout(rng, f"r{i}", group, logprobs=logprobs, accepted_col=accepted_col,
-                                 corrupt=corrupt)
-        ledger += l
+        ln, t, r = random_rollout(rng, f"r{i}", group, logprobs=logprobs, accepted_col=accepted_col,
+                                  corrupt=corrupt)
+        ledger += ln
         tokens += t
         rollouts += r
     # rows of different rollouts interleave; capture order within a rollout is kept

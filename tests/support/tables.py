@@ -39,7 +39,7 @@ def schemas(logprobs: bool, accepted: bool) -> dict:
     }
 
 
-def build_tables(data: "Data") -> dict[str, pa.Table]:
+def build_tables(data: Data) -> dict[str, pa.Table]:
     sch = schemas(data.logprobs, data.accepted)
     out = {}
     for name, rows in zip(TABLES, (data.ledger, data.tokens, data.rollouts)):
@@ -84,7 +84,7 @@ class Data:
     logprobs: bool
     accepted: bool
 
-    def copy(self) -> "Data":
+    def copy(self) -> Data:
         return copy.deepcopy(self)
 
 

@@ -261,7 +261,7 @@ def test_forest_shapes_come_at_their_rates():
     by = _by_rollout(ledger)
     shapes = Counter(_shape(_selected(by[r["rollout_id"]], r["output_keys"])) for r in rollouts.to_pylist())
     assert abs(shapes["workers"] - 0.2 * n) < 0.07 * n and abs(shapes["fork"] - 0.3 * n) < 0.07 * n
-    for rid, calls in by.items():
+    for calls in by.values():
         roots = [c for c in calls if c["parent_id"] is None]
         assert len(roots) >= 1
     # none by default, and corrupt rollouts keep their linear shape (each kind its reason)
@@ -360,8 +360,8 @@ def test_forest_shapes_next_to_corruptions():
 
 @pytest.mark.parametrize("plan", ["linear", "forest"])
 def test_engine_matches_reference_on_forest_synth(plan):
-    from tests.support.engine_adapter import engine_reassemble
     from tests.support.compare import compare_outputs
+    from tests.support.engine_adapter import engine_reassemble
 
     reference = pytest.importorskip("chainrows.reference")
     tables = synth_tables(96, seed=15, corrupt_rate=0.15, **FOREST_RATES)

@@ -116,7 +116,10 @@ def test_plan_batches_greedy_under_the_token_budget():
 def test_bucketing_wastes_less_padding(data):
     path = data["root"] / "rows.parquet"
     bucketed = _all(path, max_tokens=None, batch_size=6, window=10**6, seed=5)
-    pad = lambda bs: sum(b.padded_tokens - b.num_tokens for b in bs)
+
+    def pad(bs):
+        return sum(b.padded_tokens - b.num_tokens for b in bs)
+
     lengths = np.array([len(r["input_ids"]) for r in data["by_id"].values()])
 
     def chunk_padding(ls):
@@ -135,8 +138,10 @@ def test_bucketing_wastes_less_padding(data):
 
 def test_order_is_deterministic_given_a_seed(data):
     path = data["root"] / "rowsdir"
-    order = lambda seed: [r for b in iter_batches(path, max_tokens=3000, seed=seed, window=12)
-                          for r in b.row_ids]
+
+    def order(seed):
+        return [r for b in iter_batches(path, max_tokens=3000, seed=seed, window=12) for r in b.row_ids]
+
     assert order(1) == order(1)
     assert order(1) != order(2)
     assert sorted(order(1)) == sorted(order(2))

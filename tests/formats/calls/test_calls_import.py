@@ -14,7 +14,6 @@ from chainrows.formats.calls import import_calls
 from chainrows.formats.calls.importer import Importer, concat
 from chainrows.formats.calls.jsonl import read_jsonl
 from chainrows.formats.calls.tables import LEDGER, REPORT, TOKENS
-
 from tests.calls_cases import CALLS_CASES, check_calls_case
 from tests.support.profiles import examples
 
@@ -85,7 +84,6 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from chainrows.reference.calls import import_calls as reference_import  # noqa: E402
-
 from tests.calls_cases import call_logs  # noqa: E402
 
 

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chainrows.formats.calls import jsonl as CJ
 from chainrows.errors import InputError
+from chainrows.formats.calls import jsonl as CJ
 from tests.support.profiles import examples
 
 PATH = Path("calls.jsonl")

@@ -13,24 +13,23 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 import pytest
 import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import chainrows
 from chainrows.cli import main
-from chainrows.formats.native.dataset import read_dataset
 from chainrows.errors import InputError
 from chainrows.formats.gym import export_gym, import_gym
 from chainrows.formats.gym import verify as V
 from chainrows.formats.gym import wire as W
 from chainrows.formats.gym.fingerprints import fingerprint
 from chainrows.formats.jsonl import import_jsonl_to_dataset
-
-from tests.support.peaks import at_smallest_budget
+from chainrows.formats.native.dataset import read_dataset
 from tests.support.jsonl_doc import doc_files
 from tests.support.paths import REPO
+from tests.support.peaks import at_smallest_budget
 from tests.support.profiles import examples
 
 ROOT = REPO
@@ -462,10 +461,10 @@ def test_hashing_on_the_pool_gives_what_hashing_inline_gives(tmp_path, monkeypat
     raw = _random_raw(tmp_path, seed=11, n_rollouts=12)
     dump = _export(tmp_path, raw)
     staged = _read(dump, "staged")
-    for k, st in enumerate(staged[::3]):
-        st["token_ids_delta"][0] += 1  # chain, cumulative and staging digest all fail
+    for k, call in enumerate(staged[::3]):
+        call["token_ids_delta"][0] += 1  # chain, cumulative and staging digest all fail
         if k % 2:
-            st["extras"] = {"k": k}  # and the extras digest, queued first
+            call["extras"] = {"k": k}  # and the extras digest, queued first
     _write(dump, "staged", staged)
     from chainrows.formats.gym import verify
 

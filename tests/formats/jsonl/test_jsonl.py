@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 import xxhash
 
-from chainrows.formats.native.dataset import read_dataset
 from chainrows.errors import InputError
 from chainrows.formats.items import fingerprint
 from chainrows.formats.jsonl import (
@@ -21,6 +20,7 @@ from chainrows.formats.jsonl import (
     read_results_jsonl,
     read_tokens_jsonl,
 )
+from chainrows.formats.native.dataset import read_dataset
 from chainrows.formats.native.schema import (
     ACCEPTED_FIELD,
     LEDGER_SCHEMA,
@@ -29,6 +29,7 @@ from chainrows.formats.native.schema import (
     TOKENS_SCHEMA,
 )
 from tests.support.jsonl_doc import doc_files
+
 
 def _lines(path: Path, *records) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))

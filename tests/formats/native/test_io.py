@@ -16,20 +16,18 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
+from chainrows.errors import InputError
 from chainrows.formats.native import dataset as dsmod
-from chainrows.outdir import atomic as wmod
 from chainrows.formats.native.dataset import (
     Dataset,
-    validate_schema,
     iter_table_batches,
     plan_table,
     read_dataset,
     read_table,
     table_files,
     table_schema,
+    validate_schema,
 )
-from chainrows.errors import InputError
-from chainrows.lowering.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.formats.native.schema import (
     ACCEPTED_FIELD,
     LEDGER_SCHEMA,
@@ -40,10 +38,11 @@ from chainrows.formats.native.schema import (
     rows_schema,
     tables_from_pylists,
 )
-from chainrows.outdir.parquet import WRITE_OPTIONS
-from chainrows.outdir.atomic import AtomicOutput, clean_stale_temp_dirs
 from chainrows.formats.native.write import write_dataset, write_dataset_atomic
-
+from chainrows.lowering.rowgroups import PartsWriter, RowGroupWriter
+from chainrows.outdir import atomic as wmod
+from chainrows.outdir.atomic import AtomicOutput, clean_stale_temp_dirs
+from chainrows.outdir.parquet import WRITE_OPTIONS
 from tests.support.builders import scribble_pages
 from tests.support.paths import REPO
 

@@ -15,17 +15,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows.runners import bulk
 from chainrows.api import run_tables
-from chainrows.runners.bulk import plan as planner
-from chainrows.runners.bulk import stream, windows
+from chainrows.arrays import coalesced
+from chainrows.errors import InputError
 from chainrows.formats.native import dataset as dsmod
 from chainrows.formats.native import footers, small_files
-from chainrows.arrays import coalesced
 from chainrows.formats.native.dataset import TABLES, TablePlan, iter_table_batches, plan_table, read_table
-from chainrows.errors import InputError
+from chainrows.runners import bulk
+from chainrows.runners.bulk import plan as planner
+from chainrows.runners.bulk import stream, windows
 from chainrows.synth import write_synth_dataset
-
 from tests.support.builders import scribble_pages
 from tests.support.outputs import output_bytes
 

@@ -18,20 +18,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrows.runners import bulk
 from chainrows import reference
 from chainrows.api import run_tables
-from chainrows.runners.bulk import plan as planner
-from chainrows.runners.bulk import windows
-from chainrows.runners.bulk.windows import plan_windows, scan
 from chainrows.errors import InputError
 from chainrows.memory.process import process_rss
 from chainrows.options import Options
+from chainrows.runners import bulk
+from chainrows.runners.bulk import plan as planner
+from chainrows.runners.bulk import windows
+from chainrows.runners.bulk.windows import plan_windows, scan
 from chainrows.synth import write_synth_dataset
-
-from tests.support.outputs import no_outputs, output_bytes, OUTPUT_ENTRIES, read_outputs
-from tests.support.peaks import at_smallest_budget, peak_run
 from tests.support.compare import compare_outputs
+from tests.support.outputs import OUTPUT_ENTRIES, no_outputs, output_bytes, read_outputs
+from tests.support.peaks import at_smallest_budget, peak_run
 from tests.support.profiles import examples
 
 MEMORY = bulk.Route("memory", 1, "test")
@@ -419,8 +418,8 @@ def test_mapped_runs_and_buckets_outlive_their_files(tmp_path, compressed):
     """Runs and spill parts are read through memory maps: what was read stays whole after the
     file is deleted (as spill buckets are, while their results still hold input strings) and
     after the file is overwritten by a later run of the same name."""
-    from chainrows.runners.bulk.runs import run_batches, write_run
     from chainrows.runners.bulk.partition import PLAIN_IPC, SPILL_IPC, read_bucket
+    from chainrows.runners.bulk.runs import run_batches, write_run
 
     ipc = SPILL_IPC if compressed else PLAIN_IPC
     table = pa.table({"rollout_id": [f"r{i:05d}" for i in range(5000)],
@@ -446,8 +445,8 @@ def test_mapped_runs_and_buckets_outlive_their_files(tmp_path, compressed):
 
 
 def test_runs_and_buckets_are_read_where_files_cannot_be_mapped(tmp_path, monkeypatch):
-    from chainrows.runners.bulk.runs import run_batches, write_run
     from chainrows.runners.bulk.partition import PLAIN_IPC, read_bucket
+    from chainrows.runners.bulk.runs import run_batches, write_run
 
     def no_mmap(path, *args, **kwargs):
         raise OSError(f"[Errno 19] No such device: {path}")
@@ -868,8 +867,7 @@ def test_a_repeated_rollouts_row_follows_the_first_rows_group(dataset, tmp_path)
 def test_rollout_ids_whose_routing_hashes_collide_are_refused(dataset, tmp_path, monkeypatch):
     """Two ids with one routing hash would split a group: the planner refuses them (exit 2)
     rather than write wrong rows. Simulated with a 2-bit first hash."""
-    from chainrows.runners.bulk import windows
-    from chainrows.runners.bulk import partition
+    from chainrows.runners.bulk import partition, windows
 
     real = partition.string_hashes
 
@@ -913,8 +911,8 @@ def test_collision_check_is_its_plain_definition_on_unsorted_runs(seed):
 
 @pytest.mark.parametrize("change", ["more", "fewer"])
 def test_stream_refuses_a_table_that_changed_after_its_first_pass(dataset, tmp_path, change):
-    from chainrows.runners.bulk.stream import stream_windows
     from chainrows.formats.native.dataset import table_schema
+    from chainrows.runners.bulk.stream import stream_windows
 
     plan = plan_windows(scan(dataset, True), 3)
     src = tmp_path / "data"

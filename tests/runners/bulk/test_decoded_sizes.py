@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows.runners import bulk
-from chainrows.runners.bulk import plan as planner
 from chainrows.formats.native import dataset as dsmod
 from chainrows.formats.native import footers
-from chainrows.memory.budget import MIN_ROOM
 from chainrows.formats.native.dataset import TABLES, footer_totals, plan_table
+from chainrows.memory.budget import MIN_ROOM
 from chainrows.options import Options
+from chainrows.runners import bulk
+from chainrows.runners.bulk import plan as planner
 from chainrows.synth import write_synth_dataset
 
 SMALL_VOCAB = dict(vocab=16, logprobs=False, mean_gen_tokens=200, mean_obs_tokens=400, prompt_tokens=1500)

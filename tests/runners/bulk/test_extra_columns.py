@@ -11,15 +11,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows.runners import bulk
-from chainrows.runners.bulk import job as bulk_job
-from chainrows.runners.bulk import plan as planner
 from chainrows.formats.native import dataset as dsmod
 from chainrows.formats.native import footers, small_files
 from chainrows.formats.native.dataset import TABLES, footer_totals, plan_table
 from chainrows.options import Options
+from chainrows.runners import bulk
+from chainrows.runners.bulk import job as bulk_job
+from chainrows.runners.bulk import plan as planner
 from chainrows.synth import write_synth_dataset
-
 from tests.support.outputs import output_bytes
 
 ROW_GROUP = 50  # several row groups per file: the column sizes are summed over them

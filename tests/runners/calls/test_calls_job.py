@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from chainrows.cli import main as cli_main
-from chainrows.runners.calls import job
 from chainrows.formats.calls.export import export_calls, write_calls_jsonl, write_results_jsonl
 from chainrows.formats.native.dataset import read_dataset
+from chainrows.runners.calls import job
 
 
 def _files(folder: Path) -> dict:

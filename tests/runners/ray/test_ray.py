@@ -454,9 +454,9 @@ def _start_head(work: Path) -> tuple[subprocess.Popen, dict]:
         try:
             ray.init(address="auto", include_dashboard=False, log_to_driver=False)
             return head, ray
-        except ConnectionError:
+        except ConnectionError as exc:
             if head.poll() is not None:
-                raise RuntimeError(f"ray start failed: {(work / 'head.log').read_text()[-2000:]}")
+                raise RuntimeError(f"ray start failed: {(work / 'head.log').read_text()[-2000:]}") from exc
             time.sleep(0.5)
     raise RuntimeError("the Ray head did not come up")
 

@@ -8,11 +8,11 @@ import pyarrow as pa
 import pytest
 
 from chainrows.errors import InputError
+from chainrows.formats.native.dataset import CANONICAL, TABLES
 from chainrows.runners.bulk.partition import string_hashes
 from chainrows.runners.ray.cluster import input_error_in
 from chainrows.runners.ray.route import BUCKET_COL, add_buckets, split_tables
 from chainrows.runners.ray.source import ONE_LINE, RKEY_COL, SEQ_COL, TABLE_COL, TAG, TableFiles, wide_schema
-from chainrows.formats.native.dataset import CANONICAL, TABLES
 
 
 def _tables() -> dict:
