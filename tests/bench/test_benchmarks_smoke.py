@@ -13,6 +13,8 @@ import pytest
 
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.slow  # tests/README.md: benchmark smoke
+
 ROOT = REPO
 TINY = 16  # rollouts, instead of the suite's smallest size
 

@@ -7,6 +7,8 @@ import pytest
 
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.slow  # tests/README.md: benchmark smoke
+
 ROOT = REPO
 
 

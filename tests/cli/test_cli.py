@@ -606,6 +606,7 @@ def _real(*argv, timeout=180):
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_real_process_exit_codes(good, tmp_path):
     """`python -m chainrows.cli`: the interpreter's own exit path, not just main()'s return."""
     p = _real("reassemble", good, tmp_path / "out")
@@ -617,6 +618,7 @@ def test_real_process_exit_codes(good, tmp_path):
     assert no_outputs(tmp_path / "out2")
 
 
+@pytest.mark.slow
 def test_a_reader_that_closes_stdout_early_ends_the_run_as_sigpipe_would(good, tmp_path):
     """`chainrows reassemble ... | head -1`: the outputs are committed before the summary is
     printed; the broken pipe then ends the process with 141 (128 + SIGPIPE), silently, not
@@ -663,6 +665,7 @@ def _env(buffered: bool = True) -> dict:
     return env if buffered else dict(env, PYTHONUNBUFFERED="1")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
 @pytest.mark.parametrize("command", sorted(COMMITTING))
@@ -689,6 +692,7 @@ def test_version_on_a_full_stdout_is_one_line_not_a_traceback(tmp_path):
     assert p.returncode == 1 and p.stderr == "chainrows: error: cannot write stdout: No space left on device\n", p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE and SIGXFSZ as on Linux")
 def test_a_stdout_file_past_the_file_size_limit_fails_in_the_run_not_at_exit(good, tmp_path):
     """stdout a regular file (block-buffered), already at the file-size limit: the summary is
@@ -715,6 +719,7 @@ def test_a_stdout_file_past_the_file_size_limit_fails_in_the_run_not_at_exit(goo
     assert log.stat().st_size == limit
 
 
+@pytest.mark.slow
 def test_a_fifo_among_a_tables_parts_is_refused_not_read(good, tmp_path):
     """A named pipe in a table directory would block the reader forever (a review's run hung
     until `timeout` killed it): it is refused up front, exit 2, one line naming it."""
@@ -747,6 +752,7 @@ def test_out_of_memory_while_reading_is_not_blamed_on_the_input(good, tmp_path, 
     assert "unreadable" not in err and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_no_std_on_rewards_beyond_float32_saturates_without_a_numpy_warning(tmp_path):
     """--no-std on rewards beyond float32: the advantages saturate at ±float32 max, in the
     report and on the rows (they were ±inf, and numpy's overflow warning reached stderr)."""
@@ -773,6 +779,7 @@ def test_no_std_on_rewards_beyond_float32_saturates_without_a_numpy_warning(tmp_
 
 # ----------------------------------------------------------------------------- pandas
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["chainrows", "chainrows.cli"])
 def test_the_command_keeps_pandas_out_of_its_process(good, tmp_path, module):
     """``python -m chainrows`` (as the ``chainrows`` script) runs a whole reassembly without
@@ -845,6 +852,7 @@ def _huge_pages_after_command(args, env_value=None):
     return p.returncode, p.stderr, lines[-1] if lines else f"no output; stderr: {p.stderr}"
 
 
+@pytest.mark.slow
 @needs_thp_switch
 def test_the_command_forbids_huge_pages_in_its_process_unless_told_to_keep_the_systems(good, tmp_path):
     rc, err, last = _huge_pages_after_command(["reassemble", good, tmp_path / "a"])

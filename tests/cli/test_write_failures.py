@@ -63,6 +63,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 def test_full_disk_while_keeping_a_bucket_names_the_run_and_says_what_resume_keeps(cli, good, tmp_path):
     """The spill path fails writing its first bucket's run: the line names that run file and
     the work left for --resume (which then finishes the job as an uninterrupted run would)."""
@@ -125,6 +126,7 @@ finally:
     assert no_outputs(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step,kept", [(0, False), (1, True)])
 def test_full_disk_in_a_stream_keeps_the_work_once_a_window_is_finished(cli, tmp_path, step, kept):
     """The stream path: failing to keep its first window leaves nothing --resume reuses (the
@@ -165,6 +167,7 @@ def _file_size_limit(limit: int):
     return preexec
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE and SIGXFSZ as on Linux")
 @pytest.mark.parametrize("flags", [[], ["--buckets", "2"]])
 def test_file_size_limit_in_the_real_process(good, tmp_path, flags):
@@ -283,6 +286,7 @@ def test_import_jsonl_full_disk_names_the_file(tmp_path, capsys, monkeypatch):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE and SIGXFSZ as on Linux")
 @pytest.mark.parametrize("argv", [["import-gym", GYM_DUMP, "OUT", "--buckets", "2"], ["export-gym", *RAW, "OUT"]],
                          ids=["import-gym", "export-gym"])

@@ -61,6 +61,7 @@ def test_format_canonical_json_example_is_exact():
     assert canonical_json(eval(item_src)) == shown
 
 
+@pytest.mark.slow
 def test_format_example_dataset_passes_reassemble(tmp_path):
     run_block(marked_blocks(DOCS / "format.md")["write-dataset"], tmp_path)
     data = tmp_path / "my-dataset"

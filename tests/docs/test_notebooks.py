@@ -14,6 +14,8 @@ import pytest
 
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.slow  # tests/README.md: notebooks
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("matplotlib")

@@ -109,6 +109,7 @@ def monkeypatch_buffers():
     joins.MIN_BUFFER_BYTES = saved
 
 
+@pytest.mark.slow
 def test_rollouts_failing_in_the_copy_are_dropped_in_place():
     """Seeds whose data checks fail on rollouts that passed 11-13: the rows left keep their place
     (gaps in the buffers, list columns in several chunks), with and without placeholders."""
@@ -124,6 +125,7 @@ def test_rollouts_failing_in_the_copy_are_dropped_in_place():
     assert seen[True] >= 3 and seen[False] >= 3, seen
 
 
+@pytest.mark.slow
 def test_past_the_gap_limit_the_rows_are_gathered_again(monkeypatch):
     monkeypatch.setattr(engine_run, "MIN_GAPS", 0)
     regathered = 0
@@ -196,6 +198,7 @@ def test_write_parquet_bytes_do_not_depend_on_chunks(tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
+@pytest.mark.slow
 def test_the_run_warm_up_loads_the_regather_kernels():
     """bulk.plan.measure_footprint loads every kernel before the run measures its baseline,
     including the plain copies decide_and_gather falls back to past its gap limit."""

@@ -473,6 +473,7 @@ def test_cli_plan_forest_on_every_path(tmp_path, flags, capsys):
     assert shared, "the dataset has no forest rows with a shared call"
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(1.5))
 @given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=8), seed=st.integers(0, 2**32 - 1))
 def test_forest_chains_kernel_matches_its_definition(sizes, seed):

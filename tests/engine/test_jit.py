@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import pytest
 
 from chainrows.engine.jit import OPTIONS, jit
 
@@ -31,6 +32,7 @@ def _probe_args():
     return args, found
 
 
+@pytest.mark.slow
 def test_kernel_pipeline_drops_the_reference_counts_of_inlined_helpers():
     """Without the copy-propagation pass every array passed to an inlined helper costs an atomic
     incref/decref per call (docs/decisions-engine.md "Threads"); with it, none are left."""

@@ -40,6 +40,7 @@ def _lp_rechunked(tokens: pa.Table, rows: int) -> pa.Table:
     return tokens.set_column(tokens.column_names.index("logprobs"), "logprobs", pa.chunked_array(chunks, lp.type))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("min_bytes", [1, 4096, joins.MIN_BUFFER_BYTES])
 @pytest.mark.parametrize("rows", [1, 7, 50])
 def test_same_result_whatever_the_chunking(tables, monkeypatch, rows, min_bytes):

@@ -83,6 +83,7 @@ def test_options_validated():
             reassemble(ledger, tokens, rollouts, **bad)
 
 
+@pytest.mark.slow
 def test_a_few_thousand_rollouts_in_seconds():
     ledger, tokens, rollouts = [], [], []
     for i in range(3000):

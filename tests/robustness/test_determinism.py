@@ -81,6 +81,7 @@ PATHS = {"1 bucket": "memory", "3 buckets": "spill", "7 buckets, 1 thread": "spi
          "3 windows": "stream", "11 windows, 1 thread": "stream", "5 windows written to disk": "stream", "64GiB budget": "memory"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options,variation", CASES, ids=[f"{o}|{v}" for o, v in CASES])
 def test_threads_buckets_windows_budget(cli, dataset, baselines, tmp_path, options, variation):
     out = tmp_path / "out"
@@ -123,6 +124,7 @@ def _write_parts(root: Path, name: str, table: pa.Table, cuts, reverse_creation=
     (folder / ".hidden.parquet").write_bytes(b"not parquet, skipped")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_split_into_part_files(cli, dataset, baselines, tmp_path, seed):
     rng = random.Random(seed)
@@ -175,6 +177,7 @@ def _shuffle_keep_capture_order(tables: dict, seed: int) -> dict:
     return {"ledger": ledger, "tokens": tokens, "rollouts": rollouts}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", sorted(OPTION_SETS))
 def test_row_order_without_meaning(cli, dataset, baselines, tmp_path, options):
     tables = _shuffle_keep_capture_order(_tables(dataset), seed=len(options))

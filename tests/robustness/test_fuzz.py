@@ -610,6 +610,7 @@ def check_against_oracle(ctx: str, dataset: Path, rows: pa.Table, report: pa.Tab
 
 # ============================================================================ CLI fuzzing
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_cli_hostile_tables(cli, tmp_path_factory, data):
@@ -716,6 +717,7 @@ def small_synth(tmp_path_factory):
 CODECS = ("snappy", "zstd", "none", "gzip")
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=examples(0.8))
 @given(data=st.data())
 def test_cli_corrupted_parquet_bytes(cli, small_synth, tmp_path_factory, data):
@@ -769,6 +771,7 @@ def test_cli_corrupted_parquet_bytes(cli, small_synth, tmp_path_factory, data):
     check_against_oracle(f"{how} {name}", root, rows, report, opts)
 
 
+@pytest.mark.slow
 def test_damaged_pages_read_alike_on_every_path(small_synth, tmp_path):
     """No page checksums: a flipped bit in a data page may still decode, to other values. The
     whole-table read (the in-memory path, the oracle above) and the record batches the stream

@@ -56,6 +56,7 @@ def small(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [[], ["--placeholders"], ["--mode", "ordinary"],
                                   ["--mode", "ordinary", "--placeholders", "--buckets", "3"],
                                   ["--buckets", "4", "--row-weight", "row", "--baseline", "loo"]])
@@ -429,6 +430,7 @@ KILL_PLAN = {  # per previous state of OUT: phases, and random delays after star
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("previous", sorted(KILL_PLAN))
 def test_sigkill_leaves_no_damage_and_rerun_is_identical(crash_data, uninterrupted, tmp_path, previous):
     phases, n_random = KILL_PLAN[previous]
@@ -454,6 +456,7 @@ def test_sigkill_leaves_no_damage_and_rerun_is_identical(crash_data, uninterrupt
     assert leftovers == [], f"stale staging/work dirs after a successful rerun: {leftovers}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"),
                                            (signal.SIGTERM, 143, "terminated (SIGTERM)")])
 def test_an_interrupt_exits_with_one_line_and_leaves_only_the_resumable_work(crash_data, tmp_path, sig, code,
@@ -471,6 +474,7 @@ def test_an_interrupt_exits_with_one_line_and_leaves_only_the_resumable_work(cra
     assert all(e.name == WORK for e in os.scandir(out)), os.listdir(out)
 
 
+@pytest.mark.slow
 def test_sigterm_leaves_no_damage(crash_data, uninterrupted, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -516,6 +520,7 @@ def _has_resume() -> bool:
 needs_resume = pytest.mark.skipif(not _has_resume(), reason="reassemble has no --resume option yet")
 
 
+@pytest.mark.slow
 @needs_resume
 def test_resume_after_sigkill_is_identical(crash_data, uninterrupted, tmp_path):
     out = tmp_path / "out"
@@ -554,6 +559,7 @@ def _planted(out: Path) -> bool:
     return "PLANTED" in pq.read_table(out / "report.parquet").column("detail").to_pylist()
 
 
+@pytest.mark.slow
 @needs_resume
 def test_resume_reuses_finished_buckets_of_the_same_job_only(crash_data, uninterrupted, tmp_path):
     """A finished bucket of a killed run is reused by --resume (shown by a marker planted in

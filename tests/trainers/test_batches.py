@@ -301,6 +301,7 @@ def test_bad_arguments(data, tmp_path):
         next(iter_batches(tmp_path / "nope.parquet", batch_size=2))
 
 
+@pytest.mark.slow
 def test_public_attribute_is_lazy_and_needs_no_numba():
     import subprocess
     import sys

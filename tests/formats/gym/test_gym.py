@@ -876,6 +876,7 @@ FAST_FALLBACKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reason", list(FAST_FALLBACKS))
 def test_each_fast_fallback_leaves_the_line_to_the_exact_parser(tmp_path, monkeypatch, reason):
     """Each doubt sends its line to json.loads (counted), with the same outcome: the same

@@ -1215,6 +1215,7 @@ except Exception as exc:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("table,column,how", [
     ("ledger", "rollout_id", "past"), ("ledger", "rollout_id", "fall"), ("rollouts", "group_id", "past"),
@@ -1329,6 +1330,7 @@ def _pointer_form(t: pa.Table, column: str, form: str) -> pa.Array:
     return pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views), pa.py_buffer(b"a" * 32)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table,column,form", [("rollouts", "group_id", "dictionary"),
                                                ("ledger", "call_id", "view")])
 def test_casts_that_follow_pointers_validate_the_array_first(tmp_path, table, column, form):

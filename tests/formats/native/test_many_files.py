@@ -318,6 +318,7 @@ def _same_table(a: pa.Table, b: pa.Table) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_rows", [1, 7, 40, 10_000])
 def test_groups_of_small_files_give_the_rows_of_one_file(many_files, batch_rows, monkeypatch, reads):
     one, many = many_files
@@ -426,6 +427,7 @@ def test_the_first_bad_file_of_a_group_in_read_order_is_the_error(ledger, tmp_pa
         assert (exc.value.column, exc.value.row, exc.value.file) == ("call_id", 4, str(paths[1]))
 
 
+@pytest.mark.slow
 def test_coalesced_passes_batches_whose_join_overflows_32_bit_offsets():
     big = "x" * (1 << 20)
     batches = [pa.record_batch({"id": pa.array([big] * 1100)}) for _ in range(2)]  # 2 x 1.1 GiB

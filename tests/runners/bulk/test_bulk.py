@@ -133,12 +133,14 @@ def _same_bytes_as_in_memory(src, dataset, tmp_path, route):
     assert {None: written == 0, 0: held == 0}.get(hold, held and written), (held, written)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES, ids=_route_id)
 @pytest.mark.parametrize("layout", ["capture order", "shuffled"])
 def test_every_path_writes_the_same_bytes(dataset, shuffled, tmp_path, route, layout):
     _same_bytes_as_in_memory(dataset if layout == "capture order" else shuffled, dataset, tmp_path, route)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", [r for r in ROUTES if r.path == "stream"], ids=_route_id)
 @pytest.mark.parametrize("layout", ["capture order", "shuffled"])
 def test_every_stream_writes_the_same_bytes_with_window_rows_sliced(dataset, shuffled, tmp_path, monkeypatch,
@@ -149,6 +151,7 @@ def test_every_stream_writes_the_same_bytes_with_window_rows_sliced(dataset, shu
     _same_bytes_as_in_memory(dataset if layout == "capture order" else shuffled, dataset, tmp_path, route)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [Options(mode="ordinary", placeholders=True),
                                      Options(baseline="loo", no_std=True, baseline_population="ok",
                                              row_weight="row", placeholders=True)])
@@ -158,6 +161,7 @@ def test_stream_path_with_other_options(dataset, tmp_path, options):
     assert _bytes(tmp_path / "many") == _bytes(tmp_path / "one")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route,done_glob", [(spill(4), "spill/*/done.json"),
                                              (stream(4), "windows/step-*.json"),
                                              (stream(4, ("tokens",)), "windows/step-*.json"),
@@ -178,6 +182,7 @@ def test_failed_run_leaves_no_output_and_resume_finishes(dataset, tmp_path, rout
     assert _bytes(out) == _bytes(reference_out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hold", [None, SOME_HELD], ids=["all held", "some held"])
 def test_resume_decides_again_the_windows_whose_runs_were_held(dataset, tmp_path, hold):
     """A held run dies with the process: --resume reuses the windows written to disk and
@@ -236,6 +241,7 @@ def _zero_middle(path, n=4096):
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["rows run cut short", "report run missing", "marker garbled",
                                     "rows run with a zeroed page"])
 @pytest.mark.parametrize("route,done_glob,redone", [(spill(4), "spill/*/done.json", 4),
@@ -279,6 +285,7 @@ def test_file_digest_is_the_xxh3_of_the_whole_file_read_in_pieces(tmp_path, monk
     assert digest.file_digest(tmp_path / "f") == xxhash.xxh3_64(data).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["a zeroed page", "a part missing", "no manifest", "a manifest line lost"])
 def test_resume_partitions_again_when_a_spilled_part_is_damaged(dataset, tmp_path, monkeypatch, damage):
     """A bucket not finished yet is read from its spilled parts: a part that is not the one
@@ -396,6 +403,7 @@ def test_partitioning_writes_in_order_and_a_failed_write_is_never_lost():
     assert written == [(1, 1, 3), (2, 0, 3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", [spill(3), stream(3)], ids=["spill", "stream"])
 def test_runs_compressed_or_not_give_the_same_bytes(dataset, tmp_path, monkeypatch, route):
     from chainrows.runners.bulk.partition import PLAIN_IPC, SPILL_IPC
@@ -832,6 +840,7 @@ def _distinct_rollout_ids(data):
     return len(ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", [MEMORY, stream(3), spill(2)], ids=lambda r: r.path)
 def test_progress_and_summary_say_which_path_and_why(dataset, tmp_path, capsys, route):
     summary = bulk.run(dataset, tmp_path / "out", route=route, progress=True)
@@ -844,6 +853,7 @@ def test_progress_and_summary_say_which_path_and_why(dataset, tmp_path, capsys, 
     assert bars[route.path] in err and "100.0%" in err
 
 
+@pytest.mark.slow
 def test_a_repeated_rollouts_row_follows_the_first_rows_group(dataset, tmp_path):
     """Only a rollout's first rollouts row counts (SPEC §3 step 4): a repeat naming another
     group (or none) must not carry the rollout into that group's window."""

@@ -60,6 +60,7 @@ def imported(logs) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [[], ["--mode", "ordinary"], ["--plan", "forest"]])
 @pytest.mark.parametrize("form", ["parquet", "declared"])
 def test_round_trip_gives_the_original_rows_and_report(logs, tmp_path, options, form):
@@ -71,6 +72,7 @@ def test_round_trip_gives_the_original_rows_and_report(logs, tmp_path, options, 
         assert pq.read_table(tmp_path / "a" / name).equals(pq.read_table(tmp_path / "b" / name)), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["jsonl", "gz", "dir"])
 def test_every_form_of_the_log_gives_the_same_bytes(logs, imported, tmp_path, form):
     out = tmp_path / "imp"

@@ -30,6 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+pytestmark = pytest.mark.slow  # tests/README.md: Ray sessions
+
 HERE = Path(__file__).resolve()
 SESSION_TIMEOUT_S = 420
 
