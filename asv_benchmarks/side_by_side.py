@@ -174,7 +174,7 @@ def engine_vs_reference(rep: Report, n: int, n_ref: int, repeats: int, ref_repea
     import chainrows
     from chainrows import reference
 
-    rep.section(f"1. engine vs pure-Python reference (cc mode, in memory)")
+    rep.section("1. engine vs pure-Python reference (cc mode, in memory)")
     tables = common.synth_tables_cached(n)
     tokens_in = common.token_bytes(tables[1]) // (8 if "logprobs" in tables[1].column_names else 4)
     rep.line(f"data: synth {n} rollouts, {tables[0].num_rows} calls, {_fmt_n(tokens_in)} input tokens "

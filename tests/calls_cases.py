@@ -227,7 +227,7 @@ def worked_example_on_drift_mask():
 
 @calls_case()
 def ordinary_chain():
-    # The ordinary-capture chain of tests/builders.single_chain: deltas [1,2|3,4], [5|6], [7,8|9].
+    # The ordinary-capture chain of tests/support/builders.single_chain: deltas [1,2|3,4], [5|6], [7,8|9].
     return [
         call("c1", [1, 2], [3, 4]),
         call("c2", [1, 2, 3, 4, 5], [6]),

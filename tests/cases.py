@@ -18,17 +18,16 @@ from dataclasses import dataclass, field
 
 from chainrows import reasons as R
 from chainrows.reasons import DETAILS, REASONS, format_detail
-
-try:  # tests/ on sys.path (tests/conftest.py)
-    from builders import (
-        LAST, RolloutBuilder, combine, delta_hash, message, one_call, single_chain,
-        worked_example,
-    )
-except ImportError:  # imported as tests.cases from the repo root
-    from tests.builders import (  # type: ignore[no-redef]
-        LAST, RolloutBuilder, combine, delta_hash, message, one_call, single_chain,
-        worked_example,
-    )
+from tests.support.builders import (
+    LAST,
+    RolloutBuilder,
+    combine,
+    delta_hash,
+    message,
+    one_call,
+    single_chain,
+    worked_example,
+)
 
 ROWS_COLUMNS = (
     "row_id", "rollout_id", "group_id", "segment", "num_segments", "input_ids", "loss_mask",
@@ -784,7 +783,7 @@ def broken_chain_beats_missing_tokens():
     return b, {"wx": masked(R.D_PARENT_NOT_PREVIOUS, "c5")}
 
 
-# Step 10f: the forest cut (SPEC §3.1). Forks and shared calls are in tests/test_forest.py: their
+# Step 10f: the forest cut (SPEC §3.1). Forks and shared calls are in tests/engine/test_forest.py: their
 # rows break this file's invariants (a shared root's prompt tokens carry no loss in later rows).
 
 @case(plan="forest")

@@ -4,12 +4,12 @@ names, a link) exists."""
 
 from __future__ import annotations
 
-import importlib
 import re
-import warnings
 from pathlib import Path
 
 import pytest
+
+from tests.support.docs import paragraphs, resolve_dotted
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "architecture.md"
@@ -17,46 +17,14 @@ PAGE = REPO / "docs" / "architecture.md"
 RESERVED: set = set()
 
 
-def _groups(text: str) -> list[str]:
-    """The page as bullets, table rows and paragraphs: a bare file name is read against the
-    folders cited in the same group."""
-    groups, current = [], []
-    for line in text.splitlines():
-        if not line.strip() or line.startswith(("- ", "|", "#", "```")) or re.match(r"\d+\. ", line):
-            if current:
-                groups.append("\n".join(current))
-            current = [line] if line.strip() else []
-        else:
-            current.append(line)
-    if current:
-        groups.append("\n".join(current))
-    return groups
-
-
 def _cited(group: str) -> list[str]:
     return [t for t in re.findall(r"`([^`\n]+)`", group) if " " not in t]
-
-
-def resolve_dotted(name: str):
-    """``chainrows.a.b.c``: the longest importable module prefix, then attributes."""
-    parts = name.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)  # the shims' old paths
-                obj = importlib.import_module(".".join(parts[:i]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[i:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ModuleNotFoundError(name)
 
 
 def _problems() -> list[str]:
     text = PAGE.read_text()
     problems = []
-    for group in _groups(text):
+    for group in paragraphs(text):
         folders = [REPO / t for t in _cited(group) if t.startswith("chainrows/") and t.endswith("/")]
         for token in _cited(group):
             if token in RESERVED:

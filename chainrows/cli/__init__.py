@@ -28,7 +28,7 @@ from chainrows.cli.calls import add_parser as add_calls_parser  # import-calls
 from chainrows.cli.gym import COMMANDS as GYM_COMMANDS  # argparse only, no heavy imports
 from chainrows.cli.gym import add_parsers as add_gym_parsers  # import-gym, export-gym
 from chainrows.cli.common import (
-    COMPILING, EPILOG, OVERWRITE_HELP, CompileNotice, at_least_one, int_at_least, parse_size, tree_bytes, wrote,
+    COMPILING, EPILOG, OVERWRITE_HELP, CompileNotice, at_least_one, int_at_least, parse_size, tree_bytes, wrote,  # noqa: F401  (COMPILING: re-exported)
 )
 from chainrows.cli.stdout import StdoutError, detach_stdout, print_summary
 

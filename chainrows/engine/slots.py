@@ -17,8 +17,6 @@ Plain-Python definitions (used by the tests): :func:`slot_counts_py`, :func:`fil
 
 from __future__ import annotations
 
-import numpy as np
-
 from chainrows.engine.jit import jit
 
 

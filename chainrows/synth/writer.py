@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from contextlib import ExitStack
-from pathlib import Path
 
 import pyarrow.parquet as pq
 

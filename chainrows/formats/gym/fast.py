@@ -36,7 +36,7 @@ instead, where it gives its value or raises its one-line error. Equivalence:
   mantissa m <= 2**53 and a power of ten |e| <= 22 is m * 10**e or m / 10**-e in one IEEE
   operation (correctly rounded, Clinger's fast path); zero keeps its sign. Any other literal
   (17-digit reprs, large exponents) is converted by Arrow's string-to-double cast, which rounds
-  correctly too (tests/test_gym.py checks it against ``float`` on random and halfway literals,
+  correctly too (tests/formats/gym/test_gym.py checks it against ``float`` on random and halfway literals,
   overflow to inf and underflow to 0 included).
 
 ``FALLBACKS`` counts doubtful lines by reason (tests assert the fallbacks happen).

@@ -81,7 +81,7 @@ class Windows:
     def check_exhausted(self) -> None:
         """After the last step: every table ended where its first pass said (InputError if a
         file gained rows meanwhile)."""
-        for name, reader in self._readers.items():
+        for reader in self._readers.values():
             reader.check_exhausted()
 
     def step(self, k: int) -> dict[str, pa.Table]:
