@@ -35,6 +35,7 @@ from chainrows.engine.strjoin import _hash
 from chainrows.engine.verify import _max_abs_bits
 from chainrows.engine.xxh3 import xxh3_64_tokens
 
+
 @jit
 def hash_rows(off, tokens):
     """XOR of XXH3-64 (seed 0) of tokens[off[i]:off[i + 1]] over every row i."""

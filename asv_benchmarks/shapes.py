@@ -23,10 +23,10 @@ rollout's transcript, ~1 GB of text that a run never reads (``widen_dataset``).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa

@@ -65,7 +65,6 @@ import pyarrow.parquet as pq
 from asv_benchmarks import common
 from chainrows.memory.process import process_peak_rss, process_rss
 
-
 # ---- small helpers -------------------------------------------------------------------------
 
 def _rss_gb() -> float:
@@ -433,8 +432,8 @@ def parquet_to_parquet(rep: Report, n: int, repeats: int, tmp: Path) -> None:
     fns = {"engine": engine, "floor": floor}
     bulk_note = None
     try:
-        from chainrows.runners import bulk
         from chainrows.outdir.parquet import WRITE_OPTIONS
+        from chainrows.runners import bulk
 
         k = [0]
 

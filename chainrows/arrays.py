@@ -4,7 +4,7 @@ sorted keys, and small record batches joined."""
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa

@@ -48,7 +48,7 @@ class Options:
                 raise ValueError(f"{name} must be True or False; got {getattr(self, name)!r}")
 
     @classmethod
-    def of(cls, options: "Options | None" = None, **changes) -> "Options":
+    def of(cls, options: Options | None = None, **changes) -> Options:
         """``options`` (default: the defaults) with ``changes`` applied, validated."""
         base = options if options is not None else cls()
         if not isinstance(base, cls):

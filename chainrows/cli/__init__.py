@@ -25,11 +25,19 @@ from pathlib import Path
 from chainrows import options
 from chainrows.cli.calls import COMMANDS as CALLS_COMMANDS  # argparse only, no heavy imports
 from chainrows.cli.calls import add_parser as add_calls_parser  # import-calls
+from chainrows.cli.common import (
+    COMPILING,  # noqa: F401  (COMPILING: re-exported)
+    EPILOG,
+    OVERWRITE_HELP,
+    CompileNotice,
+    at_least_one,
+    int_at_least,
+    parse_size,
+    tree_bytes,
+    wrote,
+)
 from chainrows.cli.gym import COMMANDS as GYM_COMMANDS  # argparse only, no heavy imports
 from chainrows.cli.gym import add_parsers as add_gym_parsers  # import-gym, export-gym
-from chainrows.cli.common import (
-    COMPILING, EPILOG, OVERWRITE_HELP, CompileNotice, at_least_one, int_at_least, parse_size, tree_bytes, wrote,  # noqa: F401  (COMPILING: re-exported)
-)
 from chainrows.cli.stdout import StdoutError, detach_stdout, print_summary
 
 DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
@@ -220,8 +228,8 @@ def _resuming(a) -> bool:
 
 
 def cmd_reassemble(a) -> int:
-    from chainrows.runners import bulk
     from chainrows.outdir.atomic import OUTPUT_NAMES, check_destination
+    from chainrows.runners import bulk
 
     opts = _options(a)
     if a.ray is not None:  # the same run on a Ray cluster
@@ -284,10 +292,10 @@ def cmd_synth(a) -> int:
 
 
 def cmd_import_jsonl(a) -> int:
-    from chainrows.formats.native.dataset import TABLES
     from chainrows.formats.jsonl import import_jsonl
-    from chainrows.outdir.atomic import check_destination
+    from chainrows.formats.native.dataset import TABLES
     from chainrows.formats.native.write import write_dataset_atomic
+    from chainrows.outdir.atomic import check_destination
 
     check_destination(a.out, TABLES, inputs=[a.ledger, a.tokens, a.results], overwrite=a.overwrite)
     t0 = time.perf_counter()
@@ -574,8 +582,8 @@ def _left_behind(a) -> str:
             return ""
         from pathlib import Path
 
-        from chainrows.runners.bulk.job import holds_finished_work
         from chainrows.progress import human_bytes
+        from chainrows.runners.bulk.job import holds_finished_work
 
         if not holds_finished_work(Path(work)):
             return ""

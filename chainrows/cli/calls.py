@@ -36,10 +36,10 @@ def add_parser(sub) -> None:
 
 
 def cmd_import_calls(a: argparse.Namespace) -> int:
+    from chainrows.cli.stdout import print_summary
+    from chainrows.outdir.atomic import check_destination
     from chainrows.runners.calls.job import DEFAULT_BUDGET, import_calls_to_dataset
     from chainrows.runners.calls.outputs import NAMES
-    from chainrows.outdir.atomic import check_destination
-    from chainrows.cli.stdout import print_summary
 
     check_destination(a.out, NAMES, inputs=[a.calls, a.results], overwrite=a.overwrite)
     with CompileNotice(a.progress):

@@ -106,7 +106,7 @@ class CompileNotice:
         self._depth, self._t0 = 0, 0.0
         self._cm = event.install_listener("numba:compile", Listener())
 
-    def __enter__(self) -> "CompileNotice":
+    def __enter__(self) -> CompileNotice:
         self._cm.__enter__()
         return self
 

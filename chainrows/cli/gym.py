@@ -39,8 +39,8 @@ def add_parsers(sub) -> None:
 
 
 def cmd_import_gym(a: argparse.Namespace) -> int:
-    from chainrows.formats.native.dataset import TABLES
     from chainrows.formats.gym.importer import DEFAULT_BUDGET, import_gym
+    from chainrows.formats.native.dataset import TABLES
     from chainrows.outdir.atomic import check_destination
 
     check_destination(a.out, TABLES, inputs=[a.dump], overwrite=a.overwrite)
@@ -67,8 +67,8 @@ def cmd_export_gym(a: argparse.Namespace) -> int:
         raise OutputExistsError(Path(a.out), out / "receipts.jsonl.gz")
     t0 = time.perf_counter()
     counts = export_gym(a.ledger, a.tokens, a.results, a.out)
-    from chainrows.progress import human_bytes
     from chainrows.cli.stdout import print_summary
+    from chainrows.progress import human_bytes
 
     print_summary(f"chainrows export-gym -> {a.out}",
                   "wrote " + ", ".join(f"{out / n} ({human_bytes((out / n).stat().st_size)})"

@@ -32,8 +32,9 @@ def check_out(dataset: str, out: str, overwrite: bool) -> None:
     if dst.local:
         check_destination(out, OUTPUT_NAMES, inputs=[] if "://" in dataset else [dataset], overwrite=overwrite)
         return
-    import pyarrow.fs as pafs
     from pathlib import PurePosixPath
+
+    import pyarrow.fs as pafs
 
     marker = OUTPUT_NAMES[-1]
     for form in (f"{marker}.parquet", marker):

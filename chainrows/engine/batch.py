@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from chainrows.engine.threads import run_jobs
 from chainrows.engine.validate import (
     ORDER_NOT_BY_BUFFER,
     ORDER_NOT_ONCE,
@@ -27,7 +28,6 @@ from chainrows.engine.validate import (
     lengths_match,
     order_problem,
 )
-from chainrows.engine.threads import run_jobs
 
 ROOT = -1  # parent_id null; terminal_response_id null
 MISSING = -2  # an id that names no call of the rollout

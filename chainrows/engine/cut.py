@@ -9,12 +9,17 @@ The forest cut writes a new ``sel`` (a call shared by several chains appears in 
 
 from __future__ import annotations
 
-
 from chainrows.engine.jit import jit
 from chainrows.reasons import (
-    D_FIRST_NOT_ROOT, D_MULTIPLE_ROOTS, D_NO_LEAF, D_PARENT_NOT_PREVIOUS,
-    D_PARENT_NOT_SELECTED_BEFORE, D_SEVERAL_LEAVES,
-    D_TERMINAL_NO_CALL, D_WALK_CYCLE, D_WALK_MISSING_PARENT,
+    D_FIRST_NOT_ROOT,
+    D_MULTIPLE_ROOTS,
+    D_NO_LEAF,
+    D_PARENT_NOT_PREVIOUS,
+    D_PARENT_NOT_SELECTED_BEFORE,
+    D_SEVERAL_LEAVES,
+    D_TERMINAL_NO_CALL,
+    D_WALK_CYCLE,
+    D_WALK_MISSING_PARENT,
 )
 
 

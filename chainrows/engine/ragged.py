@@ -8,15 +8,15 @@ row's bytes as one block (docs/decisions-engine.md).
 
 from __future__ import annotations
 
-import numpy as np
 import numba
+import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from chainrows.engine.jit import jit
 from chainrows.engine.batch import readonly
 from chainrows.engine.buffers import empty
 from chainrows.engine.chunks import even_chunks
+from chainrows.engine.jit import jit
 from chainrows.engine.streamcopy import copy_run, store_fence, stream_from
 from chainrows.engine.threads import run
 

@@ -6,9 +6,18 @@ import numpy as np
 
 from chainrows.engine.jit import jit
 from chainrows.reasons import (
-    D_CAPTURE_FAILED, D_DUP_CALL_ID, D_DUP_RESPONSE_ID, D_DUP_ROLLOUT, D_DUP_TOKEN_ROW,
-    D_LEN_ITEM_IDS, D_LEN_OUTPUT_IDS, D_NO_CALLS, D_NO_ROLLOUT_RECORD, D_REWARD_INF,
-    D_REWARD_NAN, D_REWARD_NULL,
+    D_CAPTURE_FAILED,
+    D_DUP_CALL_ID,
+    D_DUP_RESPONSE_ID,
+    D_DUP_ROLLOUT,
+    D_DUP_TOKEN_ROW,
+    D_LEN_ITEM_IDS,
+    D_LEN_OUTPUT_IDS,
+    D_NO_CALLS,
+    D_NO_ROLLOUT_RECORD,
+    D_REWARD_INF,
+    D_REWARD_NAN,
+    D_REWARD_NULL,
 )
 
 

@@ -13,20 +13,26 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from chainrows.engine import select
 from chainrows.engine.batch import Batch, readonly
 from chainrows.engine.buffers import empty
-from chainrows.engine.rollout_checks import rollout_checks
 from chainrows.engine.chunks import balanced_chunks
 from chainrows.engine.cut import cut_chains, forest_chains, terminal_chain
 from chainrows.engine.gather import (
-    copy_check_logprobs, copy_deltas, copy_hash_deltas, copy_order, fill_rows, row_sizes,
+    copy_check_logprobs,
+    copy_deltas,
+    copy_hash_deltas,
+    copy_order,
+    fill_rows,
+    row_sizes,
 )
-from chainrows.engine import select
+from chainrows.engine.rollout_checks import rollout_checks
 from chainrows.engine.select import select_calls, serving_index
 from chainrows.engine.streamcopy import stream_from
 from chainrows.engine.threads import Step, run, run_steps
 from chainrows.engine.verify import data_checks, mark_chain_calls, verify_chains
 from chainrows.options import Options
+
 
 @dataclass
 class Decisions:

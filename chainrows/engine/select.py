@@ -19,14 +19,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chainrows.engine.jit import jit
 from chainrows.engine.batch import readonly
 from chainrows.engine.chunks import balanced_chunks, even_chunks
+from chainrows.engine.jit import jit
 from chainrows.engine.threads import run
 from chainrows.reasons import (
-    D_ACCEPTED, D_AMBIGUOUS, D_NO_OUTPUT, D_OUT_OF_ORDER, D_TERMINAL_NOT_LAST, D_UNMATCHED,
+    D_ACCEPTED,
+    D_AMBIGUOUS,
+    D_NO_OUTPUT,
+    D_OUT_OF_ORDER,
+    D_TERMINAL_NOT_LAST,
+    D_UNMATCHED,
 )
-
 
 # Up to this many candidate calls, a position tries each one (first key, then _survives) rather
 # than hashing a window per item count and searching the index, which is faster for few calls

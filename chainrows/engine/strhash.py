@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainrows.engine.jit import jit
 from chainrows.engine.chunks import even_chunks
+from chainrows.engine.jit import jit
 from chainrows.engine.threads import run
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)

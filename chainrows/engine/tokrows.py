@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chainrows.engine.jit import jit
 from chainrows.engine.batch import NO_TOKENS
+from chainrows.engine.jit import jit
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,17 @@ import numpy as np
 from chainrows.engine.jit import jit
 from chainrows.engine.xxh3 import xxh3_64_tokens
 from chainrows.reasons import (
-    D_HASH, D_INTEGRITY, D_LEN_CHILD_PREV, D_LEN_GEN, D_LEN_LOGPROBS, D_LEN_ROOT_PREV, D_LEN_TOKENS,
-    D_LOGPROB_CARRY, D_LOGPROB_NONFINITE, D_MISSING_TOKENS, D_WALK_LEAVES_CHAIN,
+    D_HASH,
+    D_INTEGRITY,
+    D_LEN_CHILD_PREV,
+    D_LEN_GEN,
+    D_LEN_LOGPROBS,
+    D_LEN_ROOT_PREV,
+    D_LEN_TOKENS,
+    D_LOGPROB_CARRY,
+    D_LOGPROB_NONFINITE,
+    D_MISSING_TOKENS,
+    D_WALK_LEAVES_CHAIN,
 )
 
 INT64_MAX = np.iinfo(np.int64).max

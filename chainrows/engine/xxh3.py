@@ -54,8 +54,8 @@ from numba.core import cgutils, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from chainrows.engine.jit import jit
 from chainrows.engine.chunks import even_chunks
+from chainrows.engine.jit import jit
 from chainrows.engine.threads import run
 
 __all__ = ["xxh3_64_tokens", "hash_deltas"]

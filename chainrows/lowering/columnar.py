@@ -18,10 +18,10 @@ import numba
 import numpy as np
 import pyarrow as pa
 
+from chainrows.arrays import one_chunk
 from chainrows.engine.batch import Batch
 from chainrows.engine.select import build_candidates
 from chainrows.engine.threads import wait_out
-from chainrows.arrays import one_chunk
 from chainrows.lowering.joins import (
     Records,
     bools,
@@ -259,7 +259,7 @@ class _Utf8Checks:
 
 
 def _canonical(name: str, table, utf8_check=None) -> pa.Table:
-    from chainrows.formats.native.dataset import validate_schema, normalize
+    from chainrows.formats.native.dataset import normalize, validate_schema
 
     if not isinstance(table, pa.Table):
         raise TypeError(f"{name}: expected a pyarrow.Table, got {type(table).__name__}")

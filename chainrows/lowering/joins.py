@@ -19,14 +19,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.engine.align import aligned_positions
-from chainrows.engine.batch import MISSING, NO_OUTPUT, NO_TOKENS, ROOT, readonly
-from chainrows.engine.chunks import balanced_chunks, even_chunks
-from chainrows.engine.dense import group_order
-from chainrows.engine.strjoin import index_groups, join_groups, new_tables, probe_groups, table_offsets
-from chainrows.engine.threads import run
-from chainrows.engine.slots import any_served, fill_slots, slot_counts
-from chainrows.engine.tokrows import token_rows
 from chainrows.arrays import (
     list_offsets,
     offsets_from_lengths,
@@ -35,6 +27,14 @@ from chainrows.arrays import (
     range_index,
     string_parts,
 )
+from chainrows.engine.align import aligned_positions
+from chainrows.engine.batch import MISSING, NO_OUTPUT, NO_TOKENS, ROOT, readonly
+from chainrows.engine.chunks import balanced_chunks, even_chunks
+from chainrows.engine.dense import group_order
+from chainrows.engine.slots import any_served, fill_slots, slot_counts
+from chainrows.engine.strjoin import index_groups, join_groups, new_tables, probe_groups, table_offsets
+from chainrows.engine.threads import run
+from chainrows.engine.tokrows import token_rows
 from chainrows.errors import InputError
 from chainrows.lowering.take import take_rows
 

@@ -8,8 +8,8 @@ import pyarrow.compute as pc
 
 from chainrows import reasons
 from chainrows.engine.run import Decisions, RowArrays
-from chainrows.lowering.columnar import Labels
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
+from chainrows.lowering.columnar import Labels
 
 _MESSAGES = pa.array([m for _, m, _ in reasons.DETAILS], pa.string())
 _KINDS = np.array([k for _, _, k in reasons.DETAILS], dtype=np.int8)

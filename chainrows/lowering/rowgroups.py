@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 
 from chainrows.errors import writing
 from chainrows.lowering.take import take_rows
-from chainrows.outdir.parquet import WRITE_OPTIONS
 from chainrows.outdir.atomic import fsync_file
+from chainrows.outdir.parquet import WRITE_OPTIONS
 
 ROWS_GROUP_TOKENS = 1 << 20
 GROUP_ROWS = 65536

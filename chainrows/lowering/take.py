@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from chainrows.engine.ragged import take_ragged_chunks
 from chainrows.arrays import list_offsets, string_parts
+from chainrows.engine.ragged import take_ragged_chunks
 
 STRING_BLOCK_MIN_ROWS = 64  # rows taken per chunk from which list<string> block copies pay
 

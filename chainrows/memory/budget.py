@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from chainrows.errors import InputError
 from chainrows.memory.process import process_rss, release_memory

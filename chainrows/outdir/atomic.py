@@ -28,8 +28,8 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pyarrow as pa
 
@@ -142,7 +142,7 @@ class AtomicOutput:
         self._created = False
 
     # -- lifecycle
-    def __enter__(self) -> "AtomicOutput":
+    def __enter__(self) -> AtomicOutput:
         self._created = not self.out_dir.exists()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._out_lock = _lock_out_dir(self.out_dir)

@@ -46,7 +46,7 @@ class OutFile:
         except OSError:
             pass
 
-    def __enter__(self) -> "OutFile":
+    def __enter__(self) -> OutFile:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

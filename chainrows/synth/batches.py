@@ -7,7 +7,7 @@ is a pure function of (seed, index) and every batch is whole blocks (``BLOCK``).
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from chainrows.synth.calls import CID, DELTA, FAILED, GEN, HASH, IDS, KEYS, PARENT, PREV, RID, Rollout, hex_id
 
@@ -21,7 +22,7 @@ class _Target:
     rollouts row, ``acc`` (its accepted calls), ``rejected`` (the others), ``sel`` (a random
     accepted call, drawn for every kind), ``spans`` (its token spans), the generator and cfg."""
 
-    def __init__(self, ro: Rollout, r: random.Random, acc: list[int], spans, cfg: "Cfg"):
+    def __init__(self, ro: Rollout, r: random.Random, acc: list[int], spans, cfg: Cfg):
         self.ro, self.r, self.acc, self.spans, self.cfg = ro, r, acc, spans, cfg
         self.calls, self.tok_rows, self.row = ro.calls, ro.tok_rows, ro.ro_rows[0]
         self.rejected = [k for k in range(len(self.calls)) if k not in set(acc)]
@@ -221,7 +222,7 @@ def needed_structure(kind: str | None) -> dict:
     return dict(KINDS[kind].needs) if kind in KINDS else {}
 
 
-def corrupt_rollout(ro: Rollout, kind: str, r: random.Random, acc: list[int], spans, cfg: "Cfg") -> None:
+def corrupt_rollout(ro: Rollout, kind: str, r: random.Random, acc: list[int], spans, cfg: Cfg) -> None:
     """Apply the corruption ``kind`` to the clean rollout ``ro`` in place (``acc``: its accepted
     calls, ``spans``: its token spans), so that the engine masks it with the reason ``kind``
     names."""

@@ -16,9 +16,9 @@ import struct
 import numpy as np
 import xxhash
 
-from chainrows.synth.calls import CID, HASH, IDS, KEYS, PARENT, RID, Rollout, hex_id, call_items
-from chainrows.synth.corrupt import corrupt_rollout, needed_structure
 from chainrows.formats.native.hashing import chain_hash
+from chainrows.synth.calls import CID, HASH, IDS, KEYS, PARENT, RID, Rollout, call_items, hex_id
+from chainrows.synth.corrupt import corrupt_rollout, needed_structure
 from chainrows.synth.params import PARAM_NAMES, SynthParams
 
 

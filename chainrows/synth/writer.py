@@ -10,8 +10,8 @@ from contextlib import ExitStack
 
 import pyarrow.parquet as pq
 
-from chainrows.formats.native.dataset import TABLES
 from chainrows.errors import writing
+from chainrows.formats.native.dataset import TABLES
 from chainrows.outdir.atomic import AtomicOutput, check_destination
 from chainrows.synth.batches import iter_tables
 from chainrows.synth.params import DEFAULT_BATCH_ROLLOUTS, DEFAULTS

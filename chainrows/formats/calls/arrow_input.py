@@ -19,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.formats.calls.records import RECORDS
-from chainrows.formats.native import dataset as D
 from chainrows.arrays import one_chunk
-from chainrows.formats.jsonl import lines as J
 from chainrows.errors import InputError
+from chainrows.formats.calls.records import RECORDS
+from chainrows.formats.jsonl import lines as J
+from chainrows.formats.native import dataset as D
 
 TABLE = "calls"
 STRINGS = ("rollout_id", "call_id", "response_id", "parent_id", "output_items")

@@ -11,7 +11,7 @@ import pyarrow as pa
 from chainrows.formats.calls.records import lower
 from chainrows.formats.calls.state import ImportState
 from chainrows.formats.calls.summary import CallsSummary, collect
-from chainrows.formats.calls.tables import ON_DRIFT, REPORT, TOKENS, LEDGER, chunk_tables
+from chainrows.formats.calls.tables import LEDGER, ON_DRIFT, REPORT, TOKENS, chunk_tables
 
 
 class Importer:

@@ -15,16 +15,16 @@ import gzip
 import json
 import os
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
+from chainrows.errors import InputError
 from chainrows.formats import json_arrays as JA
 from chainrows.formats.calls.records import RECORDS
 from chainrows.formats.jsonl import lines as J
-from chainrows.errors import InputError
 
 TABLE = "calls"
 BATCH_BYTES = 32 << 20  # JSON bytes per records batch

@@ -9,18 +9,18 @@ for other names, its first bytes) is refused.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chainrows.formats.calls.arrow_input import TABLE, check_columns, records_from_table
-from chainrows.formats.calls.jsonl import read_jsonl
 from chainrows.engine.threads import inherit_threads, wait_out
 from chainrows.errors import InputError
+from chainrows.formats.calls.arrow_input import TABLE, check_columns, records_from_table
+from chainrows.formats.calls.jsonl import read_jsonl
 
 READ_BUFFER = 4 << 20  # bytes of a column chunk read at a time
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 

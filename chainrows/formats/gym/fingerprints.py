@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 REPLAY_TAG = b"nemo-gym-replay-v1\0"
 LINEAGE_TAG = b"nemo-gym-lineage"

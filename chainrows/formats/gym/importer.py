@@ -16,14 +16,16 @@ import math
 import os
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 
+from chainrows.errors import InputError
+from chainrows.formats.gym.fast import load_kernels
 from chainrows.formats.gym.records import (
     NAMES,
     Receipt,
@@ -48,10 +50,8 @@ from chainrows.formats.native.schema import (
     TOKENS_SCHEMA,
 )
 from chainrows.memory.budget import check_budget, footprint_after
-from chainrows.errors import InputError
-from chainrows.formats.gym.fast import load_kernels
-from chainrows.outdir.outfile import OutFile
 from chainrows.outdir.atomic import AtomicOutput
+from chainrows.outdir.outfile import OutFile
 
 DEFAULT_BUDGET = 2 << 30
 GZ_RATIO = 5  # assumed expansion of a .gz staged file, for sizing buckets

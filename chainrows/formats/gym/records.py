@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import gzip
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from chainrows.errors import InputError
 from chainrows.formats.gym.fingerprints import key_of, model_items
-from chainrows.formats.jsonl.lines import Line, kind, parse_object
 from chainrows.formats.gym.wire import is_hex64
+from chainrows.formats.jsonl.lines import Line, kind, parse_object
 
 NAMES = ("receipts", "staged", "results")
 _MISSING = object()

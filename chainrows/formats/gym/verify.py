@@ -136,7 +136,7 @@ class _Arrays:
         return (self.body(i), self._mask[4 * self.mask_off[i]:4 * self.mask_off[i + 1]],
                 self._lp[4 * self.lp_off[i]:4 * self.lp_off[i + 1]])
 
-    def checked(self, i: int, error: str | None) -> "Checked":
+    def checked(self, i: int, error: str | None) -> Checked:
         return Checked(error, self.tokens32[self.tok_off[i]:self.tok_off[i + 1]],
                        self.lp32[self.lp_off[i]:self.lp_off[i + 1]], int(self.gen_len[i]))
 
@@ -251,7 +251,7 @@ class Verifier:
         return results
 
     @staticmethod
-    def _queue(item, rec, st, parent, by_id, mine, arrays: _Arrays, i: int, jobs: "_Jobs") -> str | None:
+    def _queue(item, rec, st, parent, by_id, mine, arrays: _Arrays, i: int, jobs: _Jobs) -> str | None:
         """Queue the call's hash checks (in check order); or return the check that already fails."""
         try:
             extras_payload = b"\x01" + W.enc(st.extras)

@@ -9,8 +9,8 @@ Any malformed line raises InputError naming the file, the 1-based line number an
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pyarrow as pa
 

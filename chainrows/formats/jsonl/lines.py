@@ -10,8 +10,9 @@ import gzip
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from chainrows.errors import InputError
 from chainrows.formats.items import model_item_keys

@@ -18,9 +18,10 @@ Unusable input raises :class:`~chainrows.errors.InputError` with a one-line mess
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -29,8 +30,9 @@ import pyarrow.parquet as pq
 
 from chainrows.arrays import offsets_rise_within, offsets_view
 from chainrows.errors import InputError
-from chainrows.formats.native.footers import FileFacts, file_facts, one_line as _one_line, reading as _reading
-from chainrows.formats.native.small_files import file_groups, read_group
+from chainrows.formats.native.footers import FileFacts, file_facts
+from chainrows.formats.native.footers import one_line as _one_line
+from chainrows.formats.native.footers import reading as _reading
 from chainrows.formats.native.schema import (
     ACCEPTED_FIELD,
     INTEGRITY_FIELD,
@@ -39,6 +41,7 @@ from chainrows.formats.native.schema import (
     ROLLOUTS_SCHEMA,
     TOKENS_SCHEMA,
 )
+from chainrows.formats.native.small_files import file_groups, read_group
 
 TABLES = ("ledger", "tokens", "rollouts")
 DEFAULT_BATCH_ROWS = 65_536

@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, NamedTuple
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -81,7 +82,7 @@ class Leaf(NamedTuple):
     lists: int
 
     @classmethod
-    def of(cls, column: pq.ColumnSchema) -> "Leaf":
+    def of(cls, column: pq.ColumnSchema) -> Leaf:
         kind = column.physical_type
         width = column.length if kind == "FIXED_LEN_BYTE_ARRAY" else _WIDTH.get(kind)
         optional = column.max_definition_level > column.max_repetition_level

@@ -20,31 +20,31 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 
 from chainrows.api import Result, run_tables
+from chainrows.engine.threads import inherit_threads
+from chainrows.errors import InputError
+from chainrows.formats.native.dataset import TABLES, footer_totals, read_dataset, table_files, table_schema
+from chainrows.formats.native.footers import remembered
+from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
+from chainrows.lowering.rowgroups import PartsWriter, RowGroupWriter
+from chainrows.memory.process import one_arrow_thread, process_peak_rss
+from chainrows.options import Options
+from chainrows.outdir.atomic import AtomicOutput, write_json_atomic
+from chainrows.progress import Progress
 from chainrows.runners.bulk import plan as planner
 from chainrows.runners.bulk.runs import RunStore, kept_record, merge_tree, run_path
 from chainrows.runners.bulk.spill import FINISHED, partition_once, reassemble_buckets, summary_of
 from chainrows.runners.bulk.stream import stream_windows
 from chainrows.runners.bulk.summary import Summary
 from chainrows.runners.bulk.windows import plan_windows, scan
-from chainrows.engine.threads import inherit_threads
-from chainrows.formats.native.dataset import TABLES, footer_totals, read_dataset, table_files, table_schema
-from chainrows.errors import InputError
-from chainrows.formats.native.footers import remembered
-from chainrows.memory.process import one_arrow_thread, process_peak_rss
-from chainrows.lowering.rowgroups import PartsWriter, RowGroupWriter
-from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
-from chainrows.outdir.atomic import AtomicOutput, write_json_atomic
-from chainrows.options import Options
-from chainrows.progress import Progress
 
 WORK_DIR = ".chainrows-work"
 WINDOWS = "windows"  # in WORK_DIR: a stream's windows written to disk, step-NNNNN.json and their runs

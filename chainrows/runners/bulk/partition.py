@@ -19,16 +19,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from chainrows.arrays import FirstValue, coalesced, one_chunk, string_parts
 from chainrows.engine.batch import readonly
+from chainrows.engine.dense import dense_codes
 from chainrows.engine.strhash import FNV_OFFSET, SECOND_OFFSET, hash_strings
 from chainrows.engine.threads import wait_out
-from chainrows.engine.dense import dense_codes
-from chainrows.arrays import FirstValue, coalesced, one_chunk, string_parts
-from chainrows.outdir.digest import file_digest
-from chainrows.formats.native.dataset import TABLES, footer_totals, iter_table_batches, table_schema
 from chainrows.errors import InputError, writing
-from chainrows.memory.process import release_memory
+from chainrows.formats.native.dataset import TABLES, footer_totals, iter_table_batches, table_schema
 from chainrows.lowering.take import take_rows
+from chainrows.memory.process import release_memory
+from chainrows.outdir.digest import file_digest
 
 SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)  # when disk is short
 PLAIN_IPC = pa.ipc.IpcWriteOptions(compression=None, use_threads=False)

@@ -15,12 +15,12 @@ import shutil
 import numpy as np
 import pyarrow as pa
 
-from chainrows.memory.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
-from chainrows.runners.bulk.windows import KEPT_TABLES, SCAN_BATCH_ROWS
 from chainrows.formats.native.dataset import TABLES, Totals, footer_totals, plan_table, plan_totals
-from chainrows.runners.bulk.partition import PLAIN_IPC, SPILL_IPC
 from chainrows.formats.native.small_files import many_small_files
+from chainrows.memory.budget import BASE_RSS, Footprint, check_budget, footprint_after  # noqa: F401 (re-exported)
 from chainrows.options import Options
+from chainrows.runners.bulk.partition import PLAIN_IPC, SPILL_IPC
+from chainrows.runners.bulk.windows import KEPT_TABLES, SCAN_BATCH_ROWS
 
 DEFAULT_BUDGET = 4 << 30
 MEMORY_FACTOR = 4.0      # in-memory run: peak over the input's decoded bytes (2.3-2.4x measured)
@@ -41,10 +41,10 @@ def measure_footprint(options: Options, has_logprobs: bool) -> Footprint:
     """Load every kernel with a two-call reassembly (compiling them on a cold cache), then read
     the process's resident set."""
     from chainrows import api
-    from chainrows.runners.bulk.warmup import tiny_tables
     from chainrows.engine.run import decide, gather_rows
     from chainrows.lowering.columnar import build_batch
     from chainrows.runners.bulk.partition import string_hashes
+    from chainrows.runners.bulk.warmup import tiny_tables
 
     def load_kernels():
         tables = tiny_tables(has_logprobs)

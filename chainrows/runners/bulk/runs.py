@@ -18,12 +18,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.outdir.digest import file_digest
 from chainrows.errors import writing
+from chainrows.lowering.take import take_rows
 from chainrows.memory.process import release_memory
+from chainrows.outdir.digest import file_digest
 from chainrows.runners.bulk.partition import SPILL_IPC as IPC_OPTIONS
 from chainrows.runners.bulk.partition import open_mapped
-from chainrows.lowering.take import take_rows
 
 RUN_SUFFIX = ".arrow"
 RUN_TABLES = ("rows", "report")
@@ -95,7 +95,7 @@ class RunWriter:
             self._sink.close()
         self._target.unlink(missing_ok=True)
 
-    def __enter__(self) -> "RunWriter":
+    def __enter__(self) -> RunWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 from chainrows.api import Result
-from chainrows.runners.bulk.runs import kept_record
-from chainrows.runners.bulk.summary import Summary
-from chainrows.formats.native.dataset import TABLES
 from chainrows.errors import writing
+from chainrows.formats.native.dataset import TABLES
 from chainrows.memory.process import release_memory
-from chainrows.runners.bulk.partition import SPILL_IPC, bucket_dir, partition, parts_intact, read_bucket
 from chainrows.outdir.atomic import write_json_atomic
 from chainrows.progress import Progress
+from chainrows.runners.bulk.partition import SPILL_IPC, bucket_dir, partition, parts_intact, read_bucket
+from chainrows.runners.bulk.runs import kept_record
+from chainrows.runners.bulk.summary import Summary
 
 FINISHED = "partitioned"
 

@@ -3,16 +3,16 @@ as soon as all of its rows have been read (chainrows.runners.bulk.windows has th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from chainrows.runners.bulk.windows import WindowPlan, take
 from chainrows.engine.threads import inherit_threads
-from chainrows.formats.native.dataset import TABLES, iter_table_batches
 from chainrows.errors import InputError
+from chainrows.formats.native.dataset import TABLES, iter_table_batches
+from chainrows.runners.bulk.windows import WindowPlan, take
 
 
 def concat(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:

@@ -72,7 +72,7 @@ class Summary:
     _COUNTS = ("rollouts", "ok", "rows", "placeholder_rows", "tokens", "loss_tokens", "calls",
                "unselected_calls", "orphan_token_rows")
 
-    def merge(self, other: "Summary") -> None:
+    def merge(self, other: Summary) -> None:
         """Add another batch's counts (the run's own fields stay)."""
         for name in self._COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -83,7 +83,7 @@ class Summary:
         return {**{k: getattr(self, k) for k in self._COUNTS}, "reasons": dict(self.reasons)}
 
     @classmethod
-    def from_counts(cls, d: dict) -> "Summary":
+    def from_counts(cls, d: dict) -> Summary:
         d = dict(d)
         return cls(reasons=Counter(d.pop("reasons", {})), **d)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from chainrows.formats.native.schema import tables_from_pylists
 from chainrows.formats.native.hashing import chain_hash
+from chainrows.formats.native.schema import tables_from_pylists
 
 
 def tiny_tables(logprobs: bool) -> tuple[pa.Table, pa.Table, pa.Table]:

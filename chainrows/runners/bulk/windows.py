@@ -27,12 +27,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.engine.dense import dense_codes
 from chainrows.arrays import coalesced
+from chainrows.engine.dense import dense_codes
 from chainrows.formats.native.dataset import iter_table_batches
 from chainrows.lowering.joins import MIN_BUFFER_BYTES
-from chainrows.runners.bulk.partition import collision_error, string_hashes
 from chainrows.lowering.take import take_rows
+from chainrows.runners.bulk.partition import collision_error, string_hashes
 
 LEDGER_ROW_BYTES = 160   # a ledger row in Arrow, ids and item lists included (order of magnitude)
 ROLLOUT_ROW_BYTES = 200

@@ -13,16 +13,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from chainrows.engine.dense import group_order
 from chainrows.errors import writing
-from chainrows.runners.bulk.partition import SPILL_IPC, string_hashes
 from chainrows.lowering.take import take_rows
+from chainrows.runners.bulk.partition import SPILL_IPC, string_hashes
 
 MERGE_RECORDS = 16384  # records per merge window, at most
 

@@ -24,9 +24,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from chainrows.runners.calls.buckets import Merge, Partition, RunWriter
 from chainrows.formats.calls.importer import Importer
-from chainrows.runners.calls.outputs import NAMES, CallsOutput
 from chainrows.formats.calls.sources import CallsSource, open_source, read_ahead
 from chainrows.formats.calls.summary import SAMPLES, CallsSummary
 from chainrows.formats.calls.tables import LEDGER, REPORT, TOKENS
@@ -34,6 +32,8 @@ from chainrows.memory.budget import check_budget, footprint_after
 from chainrows.memory.process import one_arrow_thread, process_peak_rss, release_memory
 from chainrows.outdir.atomic import AtomicOutput
 from chainrows.progress import Progress
+from chainrows.runners.calls.buckets import Merge, Partition, RunWriter
+from chainrows.runners.calls.outputs import NAMES, CallsOutput
 
 DEFAULT_BUDGET = 4 << 30
 MIN_ROOM = 256 << 20  # the least room above the baseline an import works in
@@ -60,7 +60,7 @@ class Plan:
     tight: bool = False
 
     @classmethod
-    def of(cls, room: int, kind: str = "parquet") -> "Plan":
+    def of(cls, room: int, kind: str = "parquet") -> Plan:
         chunk = int(min(max(room // CHUNK_SHARE, CHUNK_LIMITS[0]), CHUNK_LIMITS[1]))
         encode = int(min(room // ENCODE_SHARE, 64 << 20))
         state = SHARE * room - READ_FIXED[kind] - WORK_CHUNKS * chunk - encode

@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chainrows.formats.calls.tables import LEDGER, REPORT, TOKENS
 from chainrows.errors import writing
+from chainrows.formats.calls.tables import LEDGER, REPORT, TOKENS
 from chainrows.lowering.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.outdir.atomic import AtomicOutput
 from chainrows.outdir.parquet import WRITE_OPTIONS
@@ -55,7 +55,7 @@ class CallsOutput:
             drop_column(Path(self.out.tmp_dir) / "tokens", "logprobs")
         self.out.write_table("rollouts", rollouts)
 
-    def __enter__(self) -> "CallsOutput":
+    def __enter__(self) -> CallsOutput:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -16,7 +16,7 @@ order and commits: rows in, then report (the report is the commit marker).
 from __future__ import annotations
 
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import pyarrow.fs as pafs
 
@@ -36,7 +36,7 @@ class Staging:
         self._atomic: AtomicOutput | None = None
         self.root = ""
 
-    def __enter__(self) -> "Staging":
+    def __enter__(self) -> Staging:
         if self.loc.local:
             self._atomic = AtomicOutput(self.loc.path).__enter__()
             self.root = str(self._atomic.tmp_dir) + "/.ray"

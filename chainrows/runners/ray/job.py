@@ -22,10 +22,10 @@ import time
 import pyarrow.fs as pafs
 
 from chainrows.api import run_tables
-from chainrows.runners.bulk.summary import Summary
 from chainrows.formats.native.dataset import Totals
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.options import Options
+from chainrows.runners.bulk.summary import Summary
 from chainrows.runners.ray import tasks
 from chainrows.runners.ray.cluster import connected, input_error_in
 from chainrows.runners.ray.commit import Staging

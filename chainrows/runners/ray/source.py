@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from chainrows.formats.native import dataset as dsio
-from chainrows.formats.native.dataset import CANONICAL, TABLES, validate_schema, iter_file_tables, plan_table
 from chainrows.errors import InputError
+from chainrows.formats.native import dataset as dsio
+from chainrows.formats.native.dataset import CANONICAL, TABLES, iter_file_tables, plan_table, validate_schema
 from chainrows.formats.native.footers import reading
 from chainrows.runners.bulk.partition import string_hashes
 

@@ -19,10 +19,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from chainrows.api import run_tables
-from chainrows.runners.bulk.summary import Summary
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
-from chainrows.outdir.parquet import WRITE_OPTIONS, row_group_rows
 from chainrows.options import Options
+from chainrows.outdir.parquet import WRITE_OPTIONS, row_group_rows
+from chainrows.runners.bulk.summary import Summary
 from chainrows.runners.ray.route import BUCKET_COL, add_buckets, split_tables
 
 OUT_COL = "_out"  # 0: a rows row, 1: a report row, in the one sorted output stream

@@ -4,7 +4,7 @@ compared with NaN equal, and the one sorted-probe lookup."""
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa

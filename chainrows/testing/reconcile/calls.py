@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from chainrows.arrays import range_index
+from chainrows.formats.native.hashing import chain_hash
 from chainrows.testing.reconcile.arrays import first_index, list_parts, lookup, to_np
 from chainrows.testing.reconcile.ids import Ids
 from chainrows.testing.reconcile.problems import Problems
 from chainrows.testing.reconcile.report import Reported
 from chainrows.testing.reconcile.rows import RowShape
-from chainrows.arrays import range_index
-from chainrows.formats.native.hashing import chain_hash
 
 
 def check_row_calls(ids: Ids, rep: Reported, shape: RowShape, ledger: pa.Table, tokens: pa.Table,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from chainrows.formats.native.schema import REPORT_SCHEMA, ROWS_SCHEMA, tables_from_pylists
 from chainrows.testing.reconcile.ids import TABLES
 from chainrows.testing.reconcile.problems import Problems
-from chainrows.formats.native.schema import REPORT_SCHEMA, ROWS_SCHEMA, tables_from_pylists
 
 
 def inputs(dataset) -> tuple[pa.Table, pa.Table, pa.Table]:

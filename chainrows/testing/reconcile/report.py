@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from chainrows.reasons import REASONS
 from chainrows.testing.reconcile.arrays import finite, same_float, to_np
 from chainrows.testing.reconcile.ids import TABLES, Ids
 from chainrows.testing.reconcile.problems import Problems
-from chainrows.reasons import REASONS
 
 _REASON_CODES = frozenset(r for r in REASONS if r)
 

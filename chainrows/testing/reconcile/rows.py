@@ -3,8 +3,8 @@ well formed, per-rollout fields copied from the report, ``loss_tokens`` the loss
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
