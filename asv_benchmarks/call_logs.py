@@ -51,7 +51,8 @@ def _rollout(rng: np.random.Generator, rid: str, system: np.ndarray, shape: Shap
     compact_at = int(rng.integers(n // 3, n)) if rng.random() < shape.compaction_rate else -1
     calls = []
     for i in range(n):
-        if i == compact_at:  # a new context: the system prompt, a summary, the last result
+        if i == compact_at or len(history) + growth > target:  # a compaction, or the context is full:
+            # a new context of the system prompt, a summary and the last result
             history = np.concatenate([system, rng.integers(0, VOCAB, 500, np.int32), history[-200:]])
         if rng.random() < shape.retry_rate:
             calls.append(_call(rid, f"{rid}-r{i}", history, rng, growth, f"rejected {i}"))

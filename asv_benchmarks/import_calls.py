@@ -32,6 +32,7 @@ The asv class ``ImportCalls`` times the in-process import of a small log of each
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import subprocess
@@ -85,7 +86,8 @@ print(json.dumps({"read": read, "write": write, "seconds": read + write}))
 
 def log_paths(shape: str, fmt: str, gb: float, seed: int = 0) -> tuple[Path, Path]:
     """The cached log of ``shape`` in ``fmt`` (about ``gb`` GB of token and logprob values)."""
-    folder = cache_root() / f"calls-{shape}-{gb:g}gb-s{seed}-{fmt}"
+    version = hashlib.sha1(Path(call_logs.__file__).read_bytes()).hexdigest()[:8]  # the generator's code
+    folder = cache_root() / f"calls-{shape}-{gb:g}gb-s{seed}-{fmt}-{version}"
     log = folder / ("calls.parquet" if fmt == "parquet" else "calls.jsonl")
     if not (folder / "done").exists():
         shutil.rmtree(folder, ignore_errors=True)

@@ -11,17 +11,25 @@ import xxhash
 DROPPED_KEYS = frozenset({"id", "status"})
 
 
+_NESTED = (dict, list, tuple)
+# json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False) builds
+# this encoder on every call; built once, it gives the same text (its encode keeps no state)
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _strip(value: Any) -> Any:
+    # leaves are kept as they are without a call: most of an item's values are strings
     if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k not in DROPPED_KEYS and v is not None}
+        return {k: _strip(v) if isinstance(v, _NESTED) else v
+                for k, v in value.items() if k not in DROPPED_KEYS and v is not None}
     if isinstance(value, (list, tuple)):
-        return [_strip(v) for v in value]  # nulls inside arrays stay
+        return [_strip(v) if isinstance(v, _NESTED) else v for v in value]  # nulls inside arrays stay
     return value
 
 
 def canonical_json(item: Any) -> str:
     """Drop ``id``, ``status`` and null-valued keys at every level; sorted keys, compact, UTF-8."""
-    return json.dumps(_strip(item), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(_strip(item))
 
 
 def fingerprint(item: Any) -> int:

@@ -146,7 +146,7 @@ def _undescribed(help_text: str) -> list[str]:
 
 
 def test_benchmark_scripts_are_found():
-    assert {"bulk_shapes", "gym", "per_call_floor", "ray_bench", "shapes", "side_by_side"} <= set(SCRIPTS)
+    assert {"bulk_shapes", "gym", "import_calls", "per_call_floor", "ray_bench", "shapes", "side_by_side"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -287,3 +287,40 @@ def test_bulk_shapes_refuses_a_work_directory_another_run_holds(tmp_path, capsys
     again = bulk_shapes._lock_work(work)  # free once the holder closes it
     assert again is not None
     again.close()
+
+
+def test_import_calls_benchmark_prints_its_ratios(tmp_path, capsys):
+    """``python -m asv_benchmarks.import_calls`` on a tiny log of each shape and format: a line of
+    figures each, the bounded run under its budget; and the asv class's setup and one call."""
+    from asv_benchmarks import import_calls
+
+    assert import_calls.main(["--gb", "0.004", "--repeats", "1", "--work", str(tmp_path / "w")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()[1:]
+    assert [line.split()[:2] for line in lines] == [[s, f] for s in ("long", "short", "crowded")
+                                                    for f in ("parquet", "jsonl")]
+    for line in lines:
+        assert "ratio" in line and "budget" in line, line
+    bench = import_calls.ImportCalls()
+    bench.setup("parquet")
+    try:
+        bench.time_import("parquet")
+    finally:
+        bench.teardown("parquet")
+
+
+def test_call_logs_have_the_habits_they_claim(tmp_path):
+    """The generated log: prompts that grow within the shape's bounds, interleaved rollouts,
+    and the harness's habits (compactions, retries, re-tokenized turns) present."""
+    import pyarrow.parquet as pq
+
+    from asv_benchmarks.call_logs import Shape, write_call_log
+    from chainrows.formats.calls import import_calls as import_log
+
+    log, results = write_call_log(tmp_path, 40 << 20, seed=3, shape=Shape(min_calls=20, max_calls=40))
+    table = pq.read_table(log)
+    rollouts = table.column("rollout_id").to_pylist()
+    assert len(set(rollouts)) >= 2 and rollouts != sorted(rollouts)  # interleaved
+    lengths = [len(p) for p in table.column("prompt_ids").to_pylist()]
+    assert max(lengths) <= 32_000 + 1 and min(lengths) >= 2_000
+    relations = import_log(log, results).summary
+    assert relations.relation("drift") and relations.relation("rewrite") and relations.relation("child")

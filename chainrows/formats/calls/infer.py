@@ -15,7 +15,7 @@ import numpy as np
 
 from chainrows.engine.jit import jit
 from chainrows.formats.calls import trie as T
-from chainrows.formats.calls.trie import add_node, descend, lcp_with, mark_path, node_at, token_of
+from chainrows.formats.calls.trie import add_node, descend, lcp_with, mark_path, node_at, same_run, token_of
 
 # relation codes: index into RELATIONS (SPEC §8.6)
 RELATIONS = ("first_root", "child", "retry", "rewrite", "drift", "declared", "declared_mismatch", "failed")
@@ -110,9 +110,36 @@ def declared(nodes, g, pc, latest_call, rec_fend, child, matched):
     return DECLARED_MISMATCH, -1, p, lcp_with(nodes, fend, g, child, matched)
 
 
+@jit(inline="always")
+def extends(i, j, p_off, p_val, c_off, c_val):
+    """Record i's prompt starts with record j's full sequence (both in this chunk)."""
+    a, n_prompt = p_off[j], p_off[j + 1] - p_off[j]
+    n_full = n_prompt + c_off[j + 1] - c_off[j]
+    b = p_off[i]
+    if p_off[i + 1] - b < n_full:
+        return False
+    if same_run(p_val, b, p_val, a, 0, n_prompt) < n_prompt:
+        return False
+    return same_run(p_val, b + n_prompt, c_val, c_off[j], 0, n_full - n_prompt) == n_full - n_prompt
+
+
+@jit
+def walk_start(nodes, root, last, base, i, declares, rec_fend, p_off, p_val, c_off, c_val):
+    """Where record i's walk may start: the end of its rollout's last call's full sequence when
+    that call is in this chunk and its full sequence begins i's prompt (compared in place, a
+    token run against a token run: a conversation's next call, the common case), else the root.
+    Every node above that point lies on the prompt's path, and what SPEC §8.3 reads there (the
+    longest candidate, the departures beyond it) is no shallower than it. A declared parent is
+    checked against the whole path: its walk starts at the root. Returns (node, depth)."""
+    if not declares[i] and last >= base and extends(i, last - base, p_off, p_val, c_off, c_val):
+        x = rec_fend[last]
+        return x, nodes[x, T.DEPTH]
+    return root, 0
+
+
 @jit
 def infer_chunk(roll, call, declares, parent_code, failed, p_off, p_val, c_off, c_val, base,
-                nodes, n_nodes, arena, arena_len, roots, rec_fend, latest_call, path,
+                nodes, n_nodes, arena, arena_len, roots, last_rec, rec_fend, latest_call, path,
                 parent_rec, relation, against, diverge, prev_len, tok_here, tok_there):
     """Decide every record of the chunk (SPEC §8.3-§8.5) and insert it into its trie.
 
@@ -120,8 +147,9 @@ def infer_chunk(roll, call, declares, parent_code, failed, p_off, p_val, c_off, 
     id's code, ``declares[i]`` whether it declares a parent, ``parent_code[i]`` the declared
     parent id's code (-1: a declared null), ``failed[i]``; its prompt ``p_val[p_off[i]:p_off[i+1]]``
     and completion ``c_val[c_off[i]:c_off[i+1]]`` (>= 1 token unless failed). State: ``roots``
-    (per rollout code, -1 until first seen), ``rec_fend`` (per record, where its F ends; -1 for
-    failed), ``latest_call`` (per call code, the latest non-failed record with it). Outputs per
+    (per rollout code, -1 until first seen), ``last_rec`` (per rollout code, its latest
+    non-failed record), ``rec_fend`` (per record, where its F ends; -1 for failed),
+    ``latest_call`` (per call code, the latest non-failed record with it). Outputs per
     i: parent record (-1 for a root), relation code, the record it is reported against (-1),
     the lcp reported (-1), prev_len, and the tokens of the record and of ``against`` at that
     lcp (NO_TOKEN past the sequence's end). Returns the grown ``(nodes, n_nodes, arena,
@@ -145,9 +173,11 @@ def infer_chunk(roll, call, declares, parent_code, failed, p_off, p_val, c_off, 
         root = roots[r]
         p0, lp = p_off[i], p_off[i + 1] - p_off[i]
         c0, lc = c_off[i], c_off[i + 1] - c_off[i]
-        nodes[root, T.STAMP] = g
-        path[0] = root
-        node, child, matched, path, n_path = descend(nodes, arena, root, -1, 0, lp, p_val, p0, lp,
+        start, depth = walk_start(nodes, root, last_rec[r], base, i, declares, rec_fend, p_off, p_val,
+                                  c_off, c_val)
+        nodes[start, T.STAMP] = g
+        path[0] = start
+        node, child, matched, path, n_path = descend(nodes, arena, start, -1, depth, lp, p_val, p0, lp,
                                                      c_val, c0, g, path, 1)
         if declares[i]:
             rel, parent, ag, lcp = declared(nodes, g, parent_code[i], latest_call, rec_fend, child, matched)
@@ -165,6 +195,7 @@ def infer_chunk(roll, call, declares, parent_code, failed, p_off, p_val, c_off, 
             nodes, n_nodes, arena, arena_len, path, node, child, matched, g, p_val, p0, lp, c_val, c0, lc)
         rec_fend[g] = fend
         latest_call[call[i]] = g
+        last_rec[r] = g
     return nodes, n_nodes, arena, arena_len, path
 
 

@@ -67,6 +67,7 @@ class ImportState:
         self.arena = np.zeros(1 << 16, np.int32)
         self.arena_len = 0
         self.roots = np.full(256, -1, np.int64)
+        self.last_rec = np.full(256, -1, np.int64)
         self.latest_call = np.full(256, -1, np.int64)
         self.rec_fend = np.full(1024, -1, np.int64)
         self.rec_call = np.full(1024, -1, np.int64)
@@ -76,7 +77,7 @@ class ImportState:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.nodes, self.arena, self.roots, self.latest_call, self.rec_fend, self.rec_call,
+        arrays = (self.nodes, self.arena, self.roots, self.last_rec, self.latest_call, self.rec_fend, self.rec_call,
                   self.rec_hash, self.path)
         return sum(a.nbytes for a in arrays) + self.rollouts.nbytes + self.calls.nbytes
 
@@ -89,6 +90,7 @@ class ImportState:
         parent_code = np.where(low.declares & low.parent_valid,
                                self.calls.codes(roll, low.parent_off, low.parent_data), -1)
         self.roots = _grown(self.roots, self.rollouts.n_codes, -1)
+        self.last_rec = _grown(self.last_rec, self.rollouts.n_codes, -1)
         self.latest_call = _grown(self.latest_call, self.calls.n_codes, -1)
         self.rec_fend = _grown(self.rec_fend, base + n, -1)
         self.rec_call = _grown(self.rec_call, base + n, -1)
@@ -99,7 +101,7 @@ class ImportState:
         self.nodes, self.n_nodes, self.arena, self.arena_len, self.path = infer_chunk(
             roll, call, low.declares, parent_code, low.failed, low.prompt_off, low.prompt,
             low.completion_off, low.completion, base, self.nodes, self.n_nodes, self.arena,
-            self.arena_len, self.roots, self.rec_fend, self.latest_call, self.path,
+            self.arena_len, self.roots, self.last_rec, self.rec_fend, self.latest_call, self.path,
             out["parent_rec"], out["relation"], out["against_rec"], out["diverge"], out["prev_len"],
             out["tok_here"], out["tok_there"])
         out["rollout"] = roll

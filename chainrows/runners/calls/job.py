@@ -44,6 +44,7 @@ WORK_CHUNKS = 12      # a chunk's peak while it is read and decided (two in flig
 ENCODE_SHARE = 16     # cut row groups waiting for the encoders: 1 / ENCODE_SHARE of the room
 READ_FIXED = {"parquet": 112 << 20, "jsonl": 24 << 20}  # a reader's own buffers, measured
 TIGHT_ROOM = 1 << 30  # below: Arrow on one thread, freed memory handed back after each chunk
+SCAN_SHARE = 4        # Parquet row groups decoded side by side: up to 1 / SCAN_SHARE of the room
 MAX_BUCKETS = 4096
 
 
@@ -58,13 +59,15 @@ class Plan:
     encode_bytes: int
     state_bytes: int
     tight: bool = False
+    scan_bytes: int = 0  # room for decoding Parquet row groups side by side (sources.parquet_tables)
 
     @classmethod
     def of(cls, room: int, kind: str = "parquet") -> Plan:
         chunk = int(min(max(room // CHUNK_SHARE, CHUNK_LIMITS[0]), CHUNK_LIMITS[1]))
         encode = int(min(room // ENCODE_SHARE, 64 << 20))
-        state = SHARE * room - READ_FIXED[kind] - WORK_CHUNKS * chunk - encode
-        return cls(chunk, encode, int(max(state, 16 << 20)), room < TIGHT_ROOM)
+        scan = room // SCAN_SHARE if room >= TIGHT_ROOM else 0
+        state = SHARE * room - READ_FIXED[kind] - WORK_CHUNKS * chunk - encode - scan
+        return cls(chunk, encode, int(max(state, 16 << 20)), room < TIGHT_ROOM, scan)
 
 
 class StateOutgrown(Exception):
@@ -137,7 +140,8 @@ def _stream(source: CallsSource, out, on_drift: str, plan: Plan, rollouts: pa.Ta
     try:
         with AtomicOutput(out, names=NAMES) as staged, \
                 CallsOutput(staged, source.maybe_logprobs, plan.encode_bytes) as writer:
-            for batch in read_ahead(source.batches(plan.chunk_bytes, advance)):
+            for piece in read_ahead(source.pieces(plan.chunk_bytes, advance, plan.scan_bytes)):
+                batch = piece()
                 writer.write(*importer.add(batch))
                 del batch
                 if plan.tight:
@@ -162,8 +166,8 @@ def _bucketed(source: CallsSource, out, on_drift: str, k: int, rollouts: pa.Tabl
         work = Path(staged.tmp_dir) / "buckets"
         partition = Partition(work, k)
         bar = Progress("partitioning", source.size, enabled=progress)
-        for batch in read_ahead(source.batches(plan.chunk_bytes, bar.advance)):
-            partition.add(batch)
+        for piece in read_ahead(source.pieces(plan.chunk_bytes, bar.advance, plan.scan_bytes)):
+            partition.add(piece())
         partition.close()
         bar.close()
         runs = _import_buckets(partition, work, on_drift, summary, plan, progress)
