@@ -59,6 +59,18 @@ def offsets_rise_within(offsets: np.ndarray, size: int) -> bool:
     return bool(offsets[0] >= 0 and offsets[-1] <= size and not np.any(offsets[1:] < offsets[:-1]))
 
 
+def grown(a: np.ndarray, n: int, fill=None) -> np.ndarray:
+    """``a`` with room for at least ``n`` values: ``a`` itself when it has it, else a new array of
+    max(n, 2 * len(a)) values holding ``a``'s at the start and ``fill`` after (uninitialized when
+    None), so that growing one value at a time costs amortized O(1)."""
+    if n <= len(a):
+        return a
+    size = max(n, 2 * len(a))
+    b = np.empty(size, a.dtype) if fill is None else np.full(size, fill, a.dtype)
+    b[:len(a)] = a
+    return b
+
+
 def offsets_from_lengths(lengths) -> np.ndarray:
     """``[0, l0, l0 + l1, ...]`` as int64."""
     off = np.zeros(len(lengths) + 1, dtype=np.int64)

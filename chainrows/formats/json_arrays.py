@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from chainrows.engine.grow import grow
 from chainrows.engine.jit import jit
 
 INT, FLOAT, U64, FLOAT_STRICT = 0, 1, 2, 3  # field kinds
@@ -46,15 +47,6 @@ def _ws(buf, i, end):
     while i < end and (buf[i] == 32 or buf[i] == 9 or buf[i] == 10 or buf[i] == 13):
         i += 1
     return i
-
-
-@jit
-def _grow(a, n):
-    if n <= len(a):
-        return a
-    b = np.empty(max(n, 2 * len(a)), a.dtype)
-    b[:len(a)] = a
-    return b
 
 
 @jit(inline="always")
@@ -218,14 +210,14 @@ def _array(buf, i, end, kind, ints, floats, counts, slow, n_slow, pow10):
     if i < end and buf[i] == 93:  # ']'
         return i + 1, OK, False, ints, floats, slow, n_slow
     if kind == INT or kind == U64:
-        ints = _grow(ints, counts[INT] + (end - i) // 2 + 1)  # a value takes at least 2 bytes
+        ints = grow(ints, counts[INT] + (end - i) // 2 + 1)  # a value takes at least 2 bytes
         wrapped = False
         if kind == INT:
             i, st, counts[INT] = _int_array(buf, i, end, ints, counts[INT])
         else:
             i, st, counts[INT], wrapped = _u64_array(buf, i, end, ints, counts[INT])
         return i, st, wrapped, ints, floats, slow, n_slow
-    floats = _grow(floats, counts[FLOAT] + (end - i) // 2 + 1)
+    floats = grow(floats, counts[FLOAT] + (end - i) // 2 + 1)
     while True:
         n0 = i
         i, st, neg, m, sig, frac, e, e_digits, is_int = _number(buf, i, end)
@@ -235,7 +227,7 @@ def _array(buf, i, end, kind, ints, floats, counts, slow, n_slow, pow10):
             return i, BIG_INT, False, ints, floats, slow, n_slow
         v, exact = _float_value(neg, m, sig, frac, e, e_digits, is_int, pow10)
         if not exact:
-            slow = _grow(slow, 3 * (n_slow + 1))
+            slow = grow(slow, 3 * (n_slow + 1))
             slow[3 * n_slow], slow[3 * n_slow + 1], slow[3 * n_slow + 2] = n0, i, counts[FLOAT]
             n_slow += 1
         floats[counts[FLOAT]] = v

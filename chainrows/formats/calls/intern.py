@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from chainrows.arrays import grown
 from chainrows.engine.jit import jit
 from chainrows.engine.strhash import FNV_OFFSET, fnv1a
 
@@ -92,14 +93,6 @@ def _gather_names(codes, code_off, arena):
     return offsets, data
 
 
-def _grown(a: np.ndarray, n: int, fill=None) -> np.ndarray:
-    if n <= len(a):
-        return a
-    b = np.empty(max(n, 2 * len(a)), a.dtype) if fill is None else np.full(max(n, 2 * len(a)), fill, a.dtype)
-    b[:len(a)] = a
-    return b
-
-
 class Interner:
     """Codes for ``(group, string)`` pairs, numbered in order of first appearance, exact."""
 
@@ -121,10 +114,10 @@ class Interner:
             size = 1 << max(10, int(4 * need - 1).bit_length())
             self.slots = np.full(size, -1, np.int64)
             _rehash(self.code_hash, self.n_codes, self.slots)
-        self.code_hash = _grown(self.code_hash, need)
-        self.code_group = _grown(self.code_group, need)
-        self.code_off = _grown(self.code_off, need + 1)
-        self.arena = _grown(self.arena, self.arena_len + int(offsets[-1] - offsets[0]))
+        self.code_hash = grown(self.code_hash, need)
+        self.code_group = grown(self.code_group, need)
+        self.code_off = grown(self.code_off, need + 1)
+        self.arena = grown(self.arena, self.arena_len + int(offsets[-1] - offsets[0]))
         out = np.empty(n, np.int64)
         self.n_codes, self.arena_len = _intern(
             np.ascontiguousarray(groups, np.int64), offsets, data, insert, self.slots, self.code_hash,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chainrows.arrays import grown
 from chainrows.formats.calls import trie
 from chainrows.formats.calls.deltas import build_deltas
 from chainrows.formats.calls.infer import infer_chunk
@@ -46,14 +47,6 @@ class Decided:
     delta_off: np.ndarray
     delta: np.ndarray
     delta_logprobs: np.ndarray
-
-
-def _grown(a: np.ndarray, n: int, fill) -> np.ndarray:
-    if n <= len(a):
-        return a
-    b = np.full(max(n, 2 * len(a)), fill, a.dtype)
-    b[:len(a)] = a
-    return b
 
 
 class ImportState:
@@ -89,12 +82,12 @@ class ImportState:
         call = self.calls.codes(roll, low.call_off, low.call_data)
         parent_code = np.where(low.declares & low.parent_valid,
                                self.calls.codes(roll, low.parent_off, low.parent_data), -1)
-        self.roots = _grown(self.roots, self.rollouts.n_codes, -1)
-        self.last_rec = _grown(self.last_rec, self.rollouts.n_codes, -1)
-        self.latest_call = _grown(self.latest_call, self.calls.n_codes, -1)
-        self.rec_fend = _grown(self.rec_fend, base + n, -1)
-        self.rec_call = _grown(self.rec_call, base + n, -1)
-        self.rec_hash = _grown(self.rec_hash, base + n, 0)
+        self.roots = grown(self.roots, self.rollouts.n_codes, -1)
+        self.last_rec = grown(self.last_rec, self.rollouts.n_codes, -1)
+        self.latest_call = grown(self.latest_call, self.calls.n_codes, -1)
+        self.rec_fend = grown(self.rec_fend, base + n, -1)
+        self.rec_call = grown(self.rec_call, base + n, -1)
+        self.rec_hash = grown(self.rec_hash, base + n, 0)
         self.rec_call[base:base + n] = call
         out = {k: np.empty(n, np.int64) for k in ("parent_rec", "relation", "against_rec", "diverge",
                                                   "prev_len", "tok_here", "tok_there")}

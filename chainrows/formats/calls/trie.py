@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from chainrows.engine.grow import grow
 from chainrows.engine.jit import jit
 
 DEPTH, START, PARENT, CHILD, SIB, LATEST, GEN, FEND, PEND, STAMP, GENB = range(11)
@@ -49,16 +50,6 @@ def grow_rows(a, n):
         return a
     b = np.full((max(n, 2 * a.shape[0]), a.shape[1]), -1, a.dtype)
     b[:a.shape[0]] = a
-    return b
-
-
-@jit
-def grow(a, n):
-    """``a`` (1-D) with room for at least ``n`` values, doubled, contents kept."""
-    if n <= len(a):
-        return a
-    b = np.empty(max(n, 2 * len(a)), a.dtype)
-    b[:len(a)] = a
     return b
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from chainrows.errors import InputError
 from chainrows.formats.calls import jsonl as CJ
+from tests.support.json_numbers import float_literals
 from tests.support.profiles import examples
 
 PATH = Path("calls.jsonl")
@@ -52,30 +52,10 @@ def _same(fast, exact) -> None:
             assert x.equals(y), name
 
 
-def _float_literals(rng: random.Random, n: int) -> list:
-    out = []
-    while len(out) < n:
-        k = rng.random()
-        if k < 0.3:
-            x = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
-            if x == x and abs(x) != float("inf"):
-                out.append(repr(x))
-        elif k < 0.55:
-            out.append(repr(float(np.float32(-rng.expovariate(1.0)))))
-        elif k < 0.7:
-            out.append(f"{rng.choice(('', '-'))}{rng.randint(0, 10**rng.randint(1, 20))}.{rng.randint(0, 10**rng.randint(1, 22))}")
-        elif k < 0.8:
-            out.append(f"-{rng.randint(1, 9)}.{rng.randint(0, 10**25)}{rng.choice('eE')}{rng.choice(('', '+', '-'))}{rng.randint(0, 330)}")
-        else:
-            out.append(rng.choice(("0", "-0", "0.0", "-0.0", "0e0", "-0e5", "1e400", "-1e400", "1e-400", "5e-324",
-                                   "16777217", "123456789012345678", "-9007199254740993", "1e22", "1e23", "0.1")))
-    return out
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_every_float_literal_rounds_as_the_exact_reader(seed):
     rng = random.Random(seed)
-    lits = _float_literals(rng, 3000)
+    lits = float_literals(rng, 3000, integers=True)
     lines = []
     for i in range(0, len(lits), 300):
         part = lits[i:i + 300]

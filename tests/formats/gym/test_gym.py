@@ -27,6 +27,7 @@ from chainrows.formats.gym import wire as W
 from chainrows.formats.gym.fingerprints import fingerprint
 from chainrows.formats.jsonl import import_jsonl_to_dataset
 from chainrows.formats.native.dataset import read_dataset
+from tests.support.json_numbers import float_literals
 from tests.support.jsonl_doc import doc_files
 from tests.support.paths import REPO
 from tests.support.peaks import at_smallest_budget
@@ -791,43 +792,11 @@ def test_fast_reader_gives_the_exact_parsers_dataset_on_the_example_dumps(tmp_pa
         assert (summary.buckets > 1) == bucketed
 
 
-def _float_literals(rng: random.Random, n: int) -> list:
-    """Float literals json.loads reads as float: reprs (17 digits), float32 reprs, short decimals,
-    exponents, halfway cases, overflow and underflow."""
-    import math
-    from decimal import Decimal, getcontext
-
-    getcontext().prec = 800
-    out = []
-    while len(out) < n:
-        k = rng.random()
-        if k < 0.3:
-            x = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
-            if math.isfinite(x):
-                out.append(repr(x))
-        elif k < 0.5:
-            out.append(repr(float(np.float32(-rng.expovariate(1.0)))))
-        elif k < 0.6:
-            out.append(f"{rng.choice(('', '-'))}{rng.randint(0, 10**rng.randint(1, 20))}.{rng.randint(0, 10**rng.randint(1, 22))}")
-        elif k < 0.7:
-            out.append(f"-{rng.randint(1, 9)}.{rng.randint(0, 10**25)}{rng.choice('eE')}{rng.choice(('', '+', '-'))}{rng.randint(0, 330)}")
-        elif k < 0.85:
-            x = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(63)))[0]
-            y = math.nextafter(x, math.inf)
-            if math.isfinite(y) and x != 0:
-                out.append(format((Decimal(x) + Decimal(y)) / 2, "e"))  # exactly halfway
-        else:
-            out.append(rng.choice(("0.0", "-0.0", "0e0", "-0e5", "1e400", "-1e400", "1e-400", "5e-324",
-                                   "2.4703282292062328e-324", "1.7976931348623159e308", "1e22", "1e23",
-                                   "9007199254740993.0", "0.1", "1.5e-7", "123456789012345.6e-3")))
-    return out
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_fast_reader_rounds_every_float_literal_as_float_does(seed):
     """The kernel's exact fast path (Clinger) and Arrow's cast for the rest, against float()."""
     rng = random.Random(seed)
-    literals = _float_literals(rng, 6000)
+    literals = float_literals(rng, 6000)
     lines = []
     for i in range(0, len(literals), 500):
         part = literals[i:i + 500]
