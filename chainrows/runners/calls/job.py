@@ -18,12 +18,12 @@ from __future__ import annotations
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
-
+from chainrows.engine.threads import wait_out
 from chainrows.formats.calls.importer import Importer
 from chainrows.formats.calls.sources import CallsSource, open_source, read_ahead
 from chainrows.formats.calls.summary import SAMPLES, CallsSummary
@@ -70,6 +70,30 @@ class Plan:
         return cls(chunk, encode, int(max(state, 16 << 20)), room < TIGHT_ROOM, scan)
 
 
+class Background:
+    """``fn(*args)`` on a thread of its own while the import runs (the results file: its items
+    are fingerprinted in Python while Arrow decodes the log on its threads). ``check`` raises its
+    error as soon as there is one; leaving the block waits for it."""
+
+    def __init__(self, fn, *args):
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="chainrows-results")
+        self._future = self._pool.submit(fn, *args)
+
+    def check(self) -> None:
+        if self._future.done():
+            self._future.result()
+
+    def result(self):
+        return self._future.result()
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wait_out(self._future)
+        self._pool.shutdown(wait=True)
+
+
 class StateOutgrown(Exception):
     """The streaming import's state passed its allowance: ``projected`` bytes for the whole log."""
 
@@ -107,9 +131,9 @@ def import_calls_to_dataset(calls: str | os.PathLike, results: str | os.PathLike
     plan = Plan.of(footprint.room(memory_budget), source.kind)
     from chainrows.formats.jsonl.importer import read_results_jsonl
 
-    rollouts = read_results_jsonl(results)
     summary = None
-    with one_arrow_thread() if plan.tight else nullcontext():
+    with Background(read_results_jsonl, results) as rollouts, \
+            one_arrow_thread() if plan.tight else nullcontext():
         if buckets is None:
             try:
                 summary = _stream(source, out, on_drift, plan, rollouts, progress)
@@ -127,7 +151,7 @@ def import_calls_to_dataset(calls: str | os.PathLike, results: str | os.PathLike
     return summary
 
 
-def _stream(source: CallsSource, out, on_drift: str, plan: Plan, rollouts: pa.Table,
+def _stream(source: CallsSource, out, on_drift: str, plan: Plan, rollouts: Background,
             progress: bool | None) -> CallsSummary:
     importer = Importer(on_drift)
     bar = Progress("importing", source.size, enabled=progress)
@@ -144,21 +168,23 @@ def _stream(source: CallsSource, out, on_drift: str, plan: Plan, rollouts: pa.Ta
                 batch = piece()
                 writer.write(*importer.add(batch))
                 del batch
+                rollouts.check()
                 if plan.tight:
                     release_memory()
                 state = importer.state.nbytes
                 if state > plan.state_bytes:
                     done = max(consumed[0], 1)
                     raise StateOutgrown(int(state * max(source.size / done, 1.0)))
-            importer.summary.results = rollouts.num_rows
-            writer.finish(rollouts, importer.summary.has_logprobs)
+            table = rollouts.result()
+            importer.summary.results = table.num_rows
+            writer.finish(table, importer.summary.has_logprobs)
     finally:
         bar.close()
     importer.summary.path = "one pass (the rollouts' state fits)"
     return importer.summary
 
 
-def _bucketed(source: CallsSource, out, on_drift: str, k: int, rollouts: pa.Table, plan: Plan,
+def _bucketed(source: CallsSource, out, on_drift: str, k: int, rollouts: Background, plan: Plan,
               progress: bool | None) -> CallsSummary:
     summary = CallsSummary()
     with AtomicOutput(out, names=NAMES) as staged, \
@@ -175,8 +201,9 @@ def _bucketed(source: CallsSource, out, on_drift: str, k: int, rollouts: pa.Tabl
         for tables in merge.windows():
             writer.write(*tables)
         merge.close()
-        summary.results = rollouts.num_rows
-        writer.finish(rollouts, summary.has_logprobs)
+        table = rollouts.result()
+        summary.results = table.num_rows
+        writer.finish(table, summary.has_logprobs)
     return summary
 
 

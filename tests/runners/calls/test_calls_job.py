@@ -292,3 +292,15 @@ def test_the_smallest_budget_holds_on_a_parquet_log_that_must_go_bucketed(big_lo
     assert peak < budget << 20, f"peak RSS {peak >> 20} MiB over the {budget} MiB budget\n{res.stdout}"
     out = next(p for p in (root / "small").iterdir() if p.name.startswith("out"))
     assert _files(out) == _files(root / "unbounded")
+
+
+def test_a_malformed_results_file_is_refused_and_nothing_is_written(logs, tmp_path, capsys):
+    """The results file is read beside the log: its error still stops the import with one line
+    naming it, and no dataset is written."""
+    results = tmp_path / "results.jsonl"
+    results.write_text(logs["results"].read_text().splitlines()[0] + "\n" + '{"rollout_id": 5}\n')
+    out = tmp_path / "out"
+    rc, err = _run(capsys, "import-calls", logs["parquet"], results, out)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "results: line 2: field 'rollout_id' must be a string" in err and f"(file {results})" in err
+    assert not out.exists()
