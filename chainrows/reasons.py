@@ -150,6 +150,31 @@ def format_detail(detail_id: int, call_id: str | None = None, position: int | No
     return message
 
 
+# The first sentence of each reason's **Fix.** paragraph in docs/reasons.md (tests/docs keep the
+# two equal), for ``chainrows explain``.
+FIXES = {
+    'no_rollout_record': 'Write a rollouts row for every episode that started, even a failed one (a null reward masks it as `reward_invalid`, which says more), export the three tables from the same run, and build the rollout id in one place.',
+    'no_calls': 'Flush and ship the ledger of every worker; check the ids match byte for byte.',
+    'capture_failed': 'Nothing to repair in the data: the rollout cannot be trained token-exactly.',
+    'reward_invalid': 'Make the verifier return a finite number for every finished rollout (decide what a verifier failure is worth, e.g. 0, or re-run it), or leave the rollout masked on purpose.',
+    'duplicate_call': 'Deduplicate on the writer side (idempotent writes keyed by (rollout_id, call_id)), make call ids unique per rollout (e.g. a UUID or worker-prefixed counter), and give every served response its own id.',
+    'length_mismatch': 'Build `item_keys`/`item_ids` (and `output_keys`/`output_ids`) together from one item list (`chainrows.formats.items.model_item_keys` returns both).',
+    'no_output': "Store the agent's final returned history and key its model-authored items (`model_item_keys`).",
+    'unmatched_output': "Key the items exactly as the model returned them, in both places, with the same function; keep the harness's own items out of model-authored roles (a compaction summary written by the harness is context: give it a user/system role or leave it unkeyed); record for each call every model-authored item it produced, in order.",
+    'ambiguous_output': 'Record the served item ids (`item_ids`, and `output_ids` in the final history): ids are dropped from the fingerprint but constrain the match.',
+    'out_of_order': "Write each rollout's ledger rows in capture order (sort by a monotonic per-rollout sequence number before writing, not by call id).",
+    'terminal_mismatch': 'Set `terminal_response_id` to the `response_id` of the call that produced the last model-authored item of the returned history, as stored in the ledger; or leave it null if the harness does not know.',
+    'accepted_mismatch': 'Record `accepted_response_ids` at the point where the history is committed, from the same data; or leave the column null for rollouts where it is not reliable (null = no record).',
+    'broken_chain': 'Set `parent_id` to the call whose full sequence (prompt + generation) is a prefix of this request; null when the request is not such an extension (a compaction, a fresh sub-agent).',
+    'multiple_roots': 'Use cc mode (the default): it selects the calls of the final output and gives one row per chain instead of masking.',
+    'ambiguous_terminal': 'Record `terminal_response_id`, or use cc mode.',
+    'walk_mismatch': "Make `parent_id` hold the parent's `call_id` (same rollout) and make sure every call reaches the ledger.",
+    'missing_tokens': 'Write the tokens row in the same step as the ledger row (or mark the call `failed` when the tokens cannot be stored), and build ids in one place.',
+    'hash_mismatch': 'Compute the hash at capture over the delta exactly as stored, as little-endian int32 bytes, seeded with the parent\'s `chain_hash` (0 for a root): `xxhash.xxh3_64_intdigest(np.asarray(delta, "<i4").tobytes(), parent_hash)`.',
+    'logprob_invalid': 'Store the sampling logprob of each generated token, and 0.0 on every carry token.',
+}
+
+
 def _check_named_ids() -> None:
     for name, value in globals().items():
         if name.startswith("D_") and not name.startswith("D__"):

@@ -30,12 +30,16 @@ from chainrows.cli.common import (
     EPILOG,
     OVERWRITE_HELP,
     CompileNotice,
+    add_decision_options,
     at_least_one,
+    decision_options,
     int_at_least,
     parse_size,
     tree_bytes,
     wrote,
 )
+from chainrows.cli.explain import COMMANDS as EXPLAIN_COMMANDS  # argparse only, no heavy imports
+from chainrows.cli.explain import add_parsers as add_explain_parsers  # explain, inspect
 from chainrows.cli.gym import COMMANDS as GYM_COMMANDS  # argparse only, no heavy imports
 from chainrows.cli.gym import add_parsers as add_gym_parsers  # import-gym, export-gym
 from chainrows.cli.stdout import StdoutError, detach_stdout, print_summary
@@ -137,6 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     add_gym_parsers(sub)
     add_calls_parser(sub)
+    add_explain_parsers(sub)
 
     st = sub.add_parser("stats", help="what a dataset holds, and what cc (linear and forest plan) recovers "
                                       "over ordinary capture",
@@ -149,22 +154,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _reassemble_options(r):
-    r.add_argument("--mode", choices=options.MODES, default="cc",
-                   help="cc: train the calls the final output names, a new row at every root "
-                        "(compactions kept); ordinary: one chain back from the terminal call, as "
-                        "plain capture gives")
-    r.add_argument("--plan", choices=options.PLANS, default="linear",
-                   help="cc: how accepted calls become rows: linear (one chain per root) or forest "
-                        "(one row per endpoint, shared calls trained once)")
-    r.add_argument("--placeholders", action="store_true",
-                   help="write one zero-weight placeholder row per masked rollout")
-    r.add_argument("--baseline", choices=options.BASELINES, default="mean",
-                   help="GRPO baseline: the group's mean reward, or leave-one-out (loo)")
-    r.add_argument("--no-std", action="store_true", help="A = r - baseline (no std division)")
-    r.add_argument("--baseline-population", choices=options.POPULATIONS, default="all",
-                   help="rollouts the baseline is taken over: all with a finite reward, or ok ones only")
-    r.add_argument("--row-weight", choices=options.ROW_WEIGHTS, default="rollout",
-                   help="rollout: 1 / rows of the rollout (each rollout counts once); row: 1.0")
+    add_decision_options(r)
     r.add_argument("--buckets", type=at_least_one, default=None, help=argparse.SUPPRESS)
     r.add_argument("--steps", type=at_least_one, default=None, help=argparse.SUPPRESS)
     r.add_argument("--hold-runs", type=int_at_least(0), default=None, help=argparse.SUPPRESS)  # bytes
@@ -189,12 +179,7 @@ def _run_options(r):
 
 
 def _options(a) -> options.Options:
-    try:
-        return options.Options(mode=a.mode, plan=a.plan, placeholders=a.placeholders,
-                               baseline=a.baseline, no_std=a.no_std,
-                               baseline_population=a.baseline_population, row_weight=a.row_weight)
-    except ValueError as exc:  # a combination argparse cannot reject (--plan forest --mode ordinary)
-        _usage_error(a, str(exc))
+    return decision_options(a)
 
 
 def _forced_route(a):
@@ -347,6 +332,7 @@ COMMANDS = {"reassemble": cmd_reassemble, "synth": cmd_synth, "import-jsonl": cm
             "stats": cmd_stats}
 COMMANDS.update(GYM_COMMANDS)
 COMMANDS.update(CALLS_COMMANDS)
+COMMANDS.update(EXPLAIN_COMMANDS)
 
 
 

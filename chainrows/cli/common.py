@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +51,44 @@ def int_at_least(lowest: int, below: int | None = None):
 
 
 at_least_one = int_at_least(1)
+
+
+def add_decision_options(r) -> None:
+    """The options that decide rollouts and weigh rows (``chainrows.options.Options``), as
+    reassemble, explain and stats take them."""
+    from chainrows import options
+
+    r.add_argument("--mode", choices=options.MODES, default="cc",
+                   help="cc: train the calls the final output names, a new row at every root "
+                        "(compactions kept); ordinary: one chain back from the terminal call, as "
+                        "plain capture gives")
+    r.add_argument("--plan", choices=options.PLANS, default="linear",
+                   help="cc: how accepted calls become rows: linear (one chain per root) or forest "
+                        "(one row per endpoint, shared calls trained once)")
+    r.add_argument("--placeholders", action="store_true",
+                   help="write one zero-weight placeholder row per masked rollout")
+    r.add_argument("--baseline", choices=options.BASELINES, default="mean",
+                   help="GRPO baseline: the group's mean reward, or leave-one-out (loo)")
+    r.add_argument("--no-std", action="store_true", help="A = r - baseline (no std division)")
+    r.add_argument("--baseline-population", choices=options.POPULATIONS, default="all",
+                   help="rollouts the baseline is taken over: all with a finite reward, or ok ones only")
+    r.add_argument("--row-weight", choices=options.ROW_WEIGHTS, default="rollout",
+                   help="rollout: 1 / rows of the rollout (each rollout counts once); row: 1.0")
+
+
+def decision_options(a: argparse.Namespace):
+    """The parsed decision options as one ``Options``; a combination argparse cannot reject
+    (``--plan forest --mode ordinary``) is a usage error: one line, exit 2."""
+    from chainrows import options
+
+    try:
+        return options.Options(mode=a.mode, plan=a.plan, placeholders=a.placeholders,
+                               baseline=a.baseline, no_std=a.no_std,
+                               baseline_population=a.baseline_population, row_weight=a.row_weight)
+    except ValueError as exc:
+        print(f"chainrows: error: {' '.join(str(exc).split())} (see chainrows {a.command} --help)",
+              file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def wrote(out, names) -> str:
