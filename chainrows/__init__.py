@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Result", "batches", "import_calls", "reassemble", "__version__"]
+__all__ = ["Result", "batches", "explain", "import_calls", "reassemble", "__version__"]
 
 
 def __getattr__(name):
@@ -11,6 +11,10 @@ def __getattr__(name):
         from chainrows import api
 
         return getattr(api, name)
+    if name == "explain":  # one rollout, call by call (docs/explain.md)
+        from chainrows.explanation import explain
+
+        return explain
     if name == "import_calls":  # a full-sequence call log -> a dataset (docs/calls.md)
         from chainrows.formats import calls
 

@@ -19,7 +19,7 @@ PKG = Path(chainrows.__file__).parent
 LAYERS = [
     ("cli",),
     ("runners",),
-    ("api", "synth", "testing"),
+    ("api", "synth", "testing", "explanation", "inspection"),
     ("lowering",),
     ("formats",),
     ("engine", "reference"),

@@ -44,7 +44,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_explain(a: argparse.Namespace) -> int:
-    from chainrows.explain import explain
+    from chainrows.explanation import explain
 
     options = decision_options(a)
     for e in explain(a.dataset, list(a.rollout_ids), options):

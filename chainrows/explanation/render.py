@@ -1,6 +1,6 @@
 """An explanation drawn: a tree in the terminal, an HTML fragment with an SVG call tree.
 
-Both work on the explanation's plain dict (``chainrows.explain.model.Explanation``), so the
+Both work on the explanation's plain dict (``chainrows.explanation.model.Explanation``), so the
 notebook view, ``chainrows explain`` and ``chainrows inspect`` draw the same thing.
 """
 
@@ -14,10 +14,9 @@ GREY = "#BBBBBB"
 FAIL = "#D00000"
 
 
-def tree_order(calls: list[dict]) -> list[tuple[int, int]]:
-    """(position, depth) of every call, parents before children, children in capture order.
-    Roots and calls whose parent is not in the ledger start trees; calls only reachable
-    through a parent cycle come last at depth 0."""
+def _children(calls: list[dict]) -> tuple[list[int], dict[int, list[int]]]:
+    """(tree starts, children per position): a call whose parent is null or not in the ledger
+    starts a tree; children in capture order."""
     index = {c["call_id"]: c["position"] for c in calls}
     kids: dict[int, list[int]] = {}
     starts = []
@@ -27,18 +26,39 @@ def tree_order(calls: list[dict]) -> list[tuple[int, int]]:
             starts.append(c["position"])
         else:
             kids.setdefault(p, []).append(c["position"])
-    order, seen = [], set()
+    return starts, kids
+
+
+def tree_lines(calls: list[dict]) -> list[tuple[int, int, str]]:
+    """(position, depth, prefix) of every call, parents before children, children in capture
+    order; ``prefix`` draws the branches (``├─ ``, ``└─ ``, ``│  ``). An only child stays in its
+    parent's column (its parent_id says the link), so a long chain does not run off the page:
+    depth grows only where a call has several children. Calls only reachable through a parent
+    cycle come last at depth 0."""
+    starts, kids = _children(calls)
+    out, seen = [], set()
     for s in starts:
-        stack = [(s, 0)]
+        stack = [(s, 0, "", "")]
         while stack:
-            c, d = stack.pop()
+            c, depth, prefix, branch = stack.pop()
             if c in seen:
                 continue
             seen.add(c)
-            order.append((c, d))
-            stack.extend((k, d + 1) for k in reversed(kids.get(c, [])))
-    order.extend((c["position"], 0) for c in calls if c["position"] not in seen)
-    return order
+            out.append((c, depth, prefix + branch))
+            children = kids.get(c, [])
+            column = prefix + {"├─ ": "│  ", "└─ ": "   "}.get(branch, "")
+            if len(children) == 1:
+                stack.append((children[0], depth, column, ""))
+                continue
+            for i in reversed(range(len(children))):
+                stack.append((children[i], depth + 1, column, "└─ " if i == len(children) - 1 else "├─ "))
+    out.extend((c["position"], 0, "") for c in calls if c["position"] not in seen)
+    return out
+
+
+def tree_order(calls: list[dict]) -> list[tuple[int, int]]:
+    """(position, depth) of every call in :func:`tree_lines` order."""
+    return [(pos, depth) for pos, depth, _ in tree_lines(calls)]
 
 
 def _call_line(c: dict, failing: str | None) -> str:
@@ -51,6 +71,7 @@ def _call_line(c: dict, failing: str | None) -> str:
         parts.append(f"output {ps[0]}" if len(ps) == 1 else f"output {ps[0]}-{ps[-1]}")
     if c["chain"] is not None:
         parts.append("chain " + ",".join(map(str, c["chains"])))
+    if c["loss_tokens"]:
         parts.append(f"loss {c['loss_tokens']}")
     if c["failed"]:
         parts.append("FAILED")
@@ -61,6 +82,10 @@ def _call_line(c: dict, failing: str | None) -> str:
     return "  ".join(parts)
 
 
+def _num(x) -> str:
+    return "null" if x is None else f"{x:.6g}"
+
+
 def explanation_text(e: dict) -> str:
     """The terminal view: a header, the call tree, chains, rows and the failed check."""
     fc = e.get("failed_check")
@@ -69,10 +94,10 @@ def explanation_text(e: dict) -> str:
     if e["detail"]:
         lines.append(f"  detail: {e['detail']}")
     lines.append(f"  mode {e['mode']}, plan {e['plan']}; {e['num_calls']} calls, {e['num_selected']} "
-                 f"selected, {e['num_roots']} roots; reward {e['reward']}, advantage {e['advantage']}")
+                 f"selected, {e['num_roots']} roots; reward {_num(e['reward'])}, advantage {_num(e['advantage'])}")
     lines.append("calls (tree; + selected, - not; capture order among siblings):")
-    for pos, depth in tree_order(e["calls"]):
-        lines.append("  " + "   " * depth + ("└─ " if depth else "") + _call_line(e["calls"][pos], fc and fc["call_id"]))
+    for pos, _, prefix in tree_lines(e["calls"]):
+        lines.append("  " + prefix + _call_line(e["calls"][pos], fc and fc["call_id"]))
     for k, chain in enumerate(e["chains"]):
         lines.append(f"chain {k}: " + " -> ".join(chain))
     for row in e["rows"]:

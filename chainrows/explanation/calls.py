@@ -4,7 +4,7 @@ not, its chains and the loss tokens its rows train."""
 from __future__ import annotations
 
 from chainrows.engine.batch import MISSING, ROOT
-from chainrows.explain.facts import RolloutFacts
+from chainrows.explanation.facts import RolloutFacts
 
 
 def output_positions(f: RolloutFacts) -> dict[int, list[int]]:

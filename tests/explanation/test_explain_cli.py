@@ -9,7 +9,7 @@ import pytest
 
 from chainrows import reassemble
 from chainrows.cli import main
-from chainrows.explain.read import read_filtered
+from chainrows.explanation.read import read_filtered
 from chainrows.formats.native.dataset import plan_table
 from chainrows.reasons import FIXES, REASONS
 from tests.support.paths import REPO

@@ -1,4 +1,4 @@
-"""``chainrows.explain`` against the reference oracle: status, reason, detail, selection, chains,
+"""`chainrows.explain` against the reference oracle: status, reason, detail, selection, chains,
 rows and loss tokens agree for every hand case and for random datasets."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chainrows import reference
-from chainrows.explain import explain
+from chainrows import explain, reference
 from chainrows.formats.native.schema import tables_from_pylists
 from chainrows.options import Options
 from chainrows.reference.reassembly import Masked, group_by_rollout, select_6

@@ -13,8 +13,8 @@ import numpy as np
 
 from chainrows import reasons as R
 from chainrows.engine.batch import MISSING, ROOT, Batch
-from chainrows.explain.calls import occurrences
-from chainrows.explain.facts import RolloutFacts
+from chainrows.explanation.calls import occurrences
+from chainrows.explanation.facts import RolloutFacts
 from chainrows.formats.native.hashing import chain_hash
 
 

@@ -19,11 +19,11 @@ import pyarrow.compute as pc
 from chainrows.api import run_tables
 from chainrows.engine.run import decide
 from chainrows.errors import InputError
-from chainrows.explain.calls import call_records
-from chainrows.explain.compare import compare
-from chainrows.explain.facts import rollout_facts
-from chainrows.explain.read import read_for_rollouts
-from chainrows.explain.render import explanation_html, explanation_text
+from chainrows.explanation.calls import call_records
+from chainrows.explanation.compare import compare
+from chainrows.explanation.facts import rollout_facts
+from chainrows.explanation.read import read_for_rollouts
+from chainrows.explanation.render import explanation_html, explanation_text
 from chainrows.lowering.columnar import build_batch
 from chainrows.options import Options
 

@@ -1,5 +1,0 @@
-"""``chainrows explain``: why one rollout came out as it did, call by call (docs/explain.md)."""
-
-from chainrows.explain.model import Explanation, explain, explain_tables
-
-__all__ = ["Explanation", "explain", "explain_tables"]

@@ -1,0 +1,84 @@
+"""The numbers an inspect report shows, read from a reassemble output (and its dataset).
+
+Reads the report table whole (one row per rollout, no token lists), never the rows' token
+columns; with the dataset, the ledger's rollout_id and gen_len columns only. So the report's
+cost is a small fraction of the reassembly's whatever the token volume.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+
+from chainrows.errors import InputError
+from chainrows.formats.native.dataset import read_table
+
+REPORT_COLUMNS = ["rollout_id", "group_id", "status", "reason", "num_rows", "num_calls", "num_selected",
+                  "loss_tokens", "reward", "advantage"]
+
+
+def read_report(out: str | os.PathLike) -> pa.Table:
+    """OUT's report table (``report.parquet`` or ``report/``), the columns the page uses."""
+    for form in (Path(out) / "report.parquet", Path(out) / "report"):
+        if form.exists():
+            try:
+                return pq.read_table(form, columns=REPORT_COLUMNS)
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                raise InputError(f"unreadable report: {' '.join(str(exc).split())}", file=form) from exc
+    raise InputError("no report in the output directory (expected report.parquet or report/); "
+                     "is it a reassemble output?", directory=out)
+
+
+def generated_tokens(data: str | os.PathLike, rollout_ids: pa.Array) -> np.ndarray:
+    """Σ gen_len over the non-failed ledger calls of each of ``rollout_ids`` (0 when none)."""
+    ledger = read_table(data, "ledger", ["rollout_id", "gen_len", "failed"])
+    kept = ledger.filter(pc.invert(pc.fill_null(ledger.column("failed"), False)))
+    sums = kept.group_by("rollout_id").aggregate([("gen_len", "sum")])
+    index = pc.index_in(rollout_ids, value_set=sums.column("rollout_id").cast(pa.string()))
+    values = sums.column("gen_len_sum").to_numpy()
+    idx = pc.fill_null(index, -1).to_numpy().astype(np.int64)
+    out = np.zeros(len(rollout_ids), dtype=np.int64)
+    found = idx >= 0
+    out[found] = values[idx[found]]
+    return out
+
+
+def sample(ids: list[str], keys: list[str], n: int) -> list[str]:
+    """A deterministic sample of at most ``n`` of ``ids``: ordered by XXH3 of the id, then taken
+    round-robin over ``keys`` (e.g. the reason), so every key shows up before any repeats."""
+    by_key: dict[str, list[str]] = {}
+    for rid, key in sorted(zip(ids, keys), key=lambda p: xxhash.xxh3_64_intdigest(p[0].encode())):
+        by_key.setdefault(key, []).append(rid)
+    queues = [by_key[k] for k in sorted(by_key)]
+    out: list[str] = []
+    while len(out) < n and any(queues):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
+
+
+def group_spread(report: pa.Table) -> dict:
+    """Per group (rollouts with a group_id and a finite reward): size, reward std and the
+    advantage range; summarised for the page."""
+    t = report.filter(pc.and_(pc.is_valid(report.column("group_id")), pc.is_finite(pc.fill_null(report.column("reward"), float("nan")))))
+    if t.num_rows == 0:
+        return {"groups": 0}
+    g = t.group_by("group_id").aggregate([("reward", "stddev", pc.VarianceOptions(ddof=0)), ("reward", "count"),
+                                         ("advantage", "min"), ("advantage", "max")])
+    std = np.nan_to_num(g.column("reward_stddev").to_numpy(zero_copy_only=False))
+    size = g.column("reward_count").to_numpy()
+    return {
+        "groups": g.num_rows,
+        "size_min": int(size.min()), "size_max": int(size.max()), "size_mean": float(size.mean()),
+        "flat_groups": int((std == 0).sum()),
+        "reward_std_quantiles": [float(x) for x in np.quantile(std, [0.0, 0.25, 0.5, 0.75, 1.0])],
+        "advantage_min": float(np.nanmin(g.column("advantage_min").to_numpy(zero_copy_only=False))),
+        "advantage_max": float(np.nanmax(g.column("advantage_max").to_numpy(zero_copy_only=False))),
+    }
