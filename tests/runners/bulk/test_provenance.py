@@ -166,6 +166,7 @@ def test_no_warning_without_untrained_tokens_or_below_the_share(tmp_path):
     assert below.untrained_warning() is None and at.untrained_warning() is not None
 
 
+@pytest.mark.slow
 def test_cli_summary_shows_how_it_was_made_and_the_warning(cli, data, tmp_path):
     res = cli.run("reassemble", data, tmp_path / "out", "--mode", "ordinary")
     assert_ran(res)
