@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from chainrows import __version__
+from chainrows.errors import InputError
 from chainrows.options import Options
 from chainrows.progress import human_bytes
 
@@ -64,10 +65,16 @@ def read_provenance(path: str | os.PathLike) -> dict | None:
     """The provenance of an output. ``path``: an OUT directory (its ``rows``, else its
     ``report``, as ``<name>.parquet`` or ``<name>/``), or one such file or directory. Reads only
     the footer of the first Parquet file (name order, skipping names starting with ``.`` or
-    ``_``). None when there is no such file or it carries none; an unreadable file raises
-    pyarrow's error."""
+    ``_``). None when there is no such file or it carries none; an unreadable file is an
+    InputError naming it."""
     first = _first_file(Path(path))
-    return None if first is None else provenance_of(pq.read_metadata(first).metadata)
+    if first is None:
+        return None
+    try:
+        metadata = pq.read_metadata(first).metadata
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"unreadable Parquet file: {' '.join(str(exc).split())[:300]}", file=first) from exc
+    return provenance_of(metadata)
 
 
 def _first_file(path: Path) -> Path | None:
@@ -77,8 +84,8 @@ def _first_file(path: Path) -> Path | None:
         return None
     for name in OUTPUT_NAMES:
         for form in (path / f"{name}.parquet", path / name):
-            if form.exists():
-                return _first_file(form)
+            if form.exists() and (found := _first_file(form)) is not None:
+                return found
     parts = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
     return parts[0] if parts else None
 

@@ -16,6 +16,7 @@ import pytest
 
 import chainrows
 from chainrows.api import run_tables
+from chainrows.errors import InputError
 from chainrows.formats.native.dataset import TABLES, read_dataset, table_files
 from chainrows.options import Options
 from chainrows.outdir.provenance import PROVENANCE_KEY, describe, provenance_of, read_provenance
@@ -35,6 +36,13 @@ def data(tmp_path_factory) -> Path:
     write_synth_dataset(root, 80, seed=11, retry_rate=0.4, mean_gen_tokens=40, prompt_tokens=60,
                         mean_obs_tokens=30)
     return root
+
+
+@pytest.fixture(scope="module")
+def ref(data, tmp_path_factory) -> tuple[Path, Summary]:
+    """An in-memory run of ``data`` with the default options: its OUT and summary."""
+    out = tmp_path_factory.mktemp("prov-ref") / "out"
+    return out, bulk.run(data, out)
 
 
 def _files(root: Path) -> list[Path]:
@@ -63,11 +71,10 @@ def test_every_output_file_records_the_version_the_options_and_the_input(data, t
     assert prov["input"]["fingerprint"][:12] in text
 
 
-def test_same_bytes_whatever_the_paths_and_the_route(data, tmp_path, monkeypatch):
+def test_same_bytes_whatever_the_paths_and_the_route(data, ref, tmp_path, monkeypatch):
     """The dataset moved elsewhere (and named by a relative path), OUT elsewhere, and the
     stream and spill routes: byte-identical outputs."""
-    bulk.run(data, tmp_path / "a" / "out")
-    want = output_bytes(tmp_path / "a" / "out")
+    want = output_bytes(ref[0])
     moved = tmp_path / "elsewhere" / "deeper" / "copy"
     shutil.copytree(data, moved)
     monkeypatch.chdir(tmp_path / "elsewhere")
@@ -78,8 +85,9 @@ def test_same_bytes_whatever_the_paths_and_the_route(data, tmp_path, monkeypatch
         assert output_bytes(tmp_path / f"route{i}") == want, route.path
 
 
-def test_other_input_or_options_are_told_apart(data, tmp_path):
-    base = read_provenance(_run(data, tmp_path / "base"))
+@pytest.mark.slow
+def test_other_input_or_options_are_told_apart(data, ref, tmp_path):
+    base = read_provenance(ref[0])
     changed = tmp_path / "changed"
     shutil.copytree(data, changed)
     rollouts = pq.read_table(changed / "rollouts.parquet")
@@ -96,7 +104,7 @@ def _run(data, out, options=Options()) -> Path:
     return out
 
 
-def test_api_tables_carry_it_and_keep_it_when_written(data, tmp_path):
+def test_api_tables_carry_it_and_keep_it_when_written(data, ref, tmp_path):
     ds = read_dataset(data)
     result = run_tables(ds.ledger, ds.tokens, ds.rollouts, OPTIONS)
     for table in result:
@@ -104,12 +112,12 @@ def test_api_tables_carry_it_and_keep_it_when_written(data, tmp_path):
         assert prov["input"] is None and prov["options"] == OPTIONS.to_json()
     from_path = chainrows.reassemble(data)
     pq.write_table(from_path.rows, tmp_path / "rows.parquet")
-    bulk.run(data, tmp_path / "out")
-    assert read_provenance(tmp_path / "rows.parquet") == read_provenance(tmp_path / "out")
+    assert read_provenance(tmp_path / "rows.parquet") == read_provenance(ref[0])
 
 
-def test_read_provenance_finds_the_first_file_or_says_none(data, tmp_path):
-    out = _run(data, tmp_path / "out")
+def test_read_provenance_finds_the_first_file_or_says_none(ref, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(ref[0], out)
     prov = read_provenance(out)
     assert prov is not None
     for where in (out / "rows", next((out / "rows").iterdir()), out / "report.parquet"):
@@ -121,6 +129,9 @@ def test_read_provenance_finds_the_first_file_or_says_none(data, tmp_path):
     assert read_provenance(tmp_path / "plain.parquet") is None
     assert read_provenance(tmp_path / "empty") is None
     assert read_provenance(tmp_path / "missing") is None
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(InputError, match="bad.parquet"):
+        read_provenance(tmp_path / "bad.parquet")
     meta = pq.read_metadata(out / "report.parquet").metadata
     assert meta[PROVENANCE_KEY].decode() == meta[PROVENANCE_KEY].decode().strip()  # compact JSON
     assert b" " not in meta[PROVENANCE_KEY]
@@ -141,11 +152,11 @@ def _untrained_by_hand(data: Path, out: Path) -> tuple[int, int]:
     return generated, untrained
 
 
-def test_untrained_tokens_are_counted_on_every_route_and_warned_about(data, tmp_path):
-    generated, untrained = _untrained_by_hand(data, _run(data, tmp_path / "ref"))
+def test_untrained_tokens_are_counted_on_every_route_and_warned_about(data, ref, tmp_path):
+    generated, untrained = _untrained_by_hand(data, ref[0])
     assert untrained / generated >= UNTRAINED_WARN_SHARE  # rejected retries are never trained
     for i, route in enumerate([None, bulk.Route("stream", 3, "test"), bulk.Route("spill", 2, "test")]):
-        summary = bulk.run(data, tmp_path / f"r{i}", route=route)
+        summary = ref[1] if route is None else bulk.run(data, tmp_path / f"r{i}", route=route)
         assert (summary.generated_tokens, summary.untrained_tokens) == (generated, untrained)
         assert f"{untrained:,} of {generated:,}" in summary.format()
         assert "chainrows explain DATA ROLLOUT_ID" in summary.format()
