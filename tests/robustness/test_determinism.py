@@ -18,9 +18,10 @@ import pytest
 
 from chainrows import reassemble
 from chainrows.formats.native.dataset import read_dataset
+from chainrows.outdir.provenance import read_provenance
 from chainrows.synth import write_synth_dataset
 from tests.support.cli_worker import assert_ran, cli  # noqa: F401  (cli is a fixture)
-from tests.support.outputs import output_bytes
+from tests.support.outputs import output_bytes, output_bytes_but_input
 
 OPTION_SETS = {
     "default": [],
@@ -39,14 +40,28 @@ def dataset(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def baselines(cli, dataset, tmp_path_factory) -> dict:
-    """Output bytes of a plain in-memory run, per option set."""
+def baseline_dirs(cli, dataset, tmp_path_factory) -> dict:
+    """The OUT of a plain in-memory run, per option set."""
     out = {}
     for name, opts in OPTION_SETS.items():
         d = tmp_path_factory.mktemp("baseline") / name
         assert_ran(cli.run("reassemble", dataset, d, "--threads", "2", *opts))
-        out[name] = _bytes(d)
+        out[name] = d
     return out
+
+
+@pytest.fixture(scope="module")
+def baselines(baseline_dirs) -> dict:
+    """Output bytes of a plain in-memory run, per option set."""
+    return {name: _bytes(d) for name, d in baseline_dirs.items()}
+
+
+def _same_but_input(out: Path, baseline: Path, what: str) -> None:
+    """The same rows from input files laid out otherwise: every data page the same bytes, the
+    same provenance but for the input's fingerprint (which must differ)."""
+    _bytes(out)
+    _same(output_bytes_but_input(out), output_bytes_but_input(baseline), what)
+    assert read_provenance(out)["input"] != read_provenance(baseline)["input"], what
 
 
 def _bytes(out: Path) -> dict:
@@ -126,7 +141,7 @@ def _write_parts(root: Path, name: str, table: pa.Table, cuts, reverse_creation=
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
-def test_split_into_part_files(cli, dataset, baselines, tmp_path, seed):
+def test_split_into_part_files(cli, dataset, baseline_dirs, tmp_path, seed):
     rng = random.Random(seed)
     root = tmp_path / "parts"
     for name, table in _tables(dataset).items():
@@ -143,7 +158,7 @@ def test_split_into_part_files(cli, dataset, baselines, tmp_path, seed):
     for buckets in (["--buckets", "1"], ["--buckets", "3"], ["--steps", "4"]):
         out = tmp_path / f"out{buckets[-1]}"
         assert_ran(cli.run("reassemble", root, out, "--threads", "2", *buckets))
-        _same(_bytes(out), baselines["default"], f"parts seed {seed} {buckets}")
+        _same_but_input(out, baseline_dirs["default"], f"parts seed {seed} {buckets}")
 
 
 def _shuffle_keep_capture_order(tables: dict, seed: int) -> dict:
@@ -179,7 +194,7 @@ def _shuffle_keep_capture_order(tables: dict, seed: int) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("options", sorted(OPTION_SETS))
-def test_row_order_without_meaning(cli, dataset, baselines, tmp_path, options):
+def test_row_order_without_meaning(cli, dataset, baseline_dirs, tmp_path, options):
     tables = _shuffle_keep_capture_order(_tables(dataset), seed=len(options))
     root = tmp_path / "shuffled"
     root.mkdir()
@@ -188,10 +203,10 @@ def test_row_order_without_meaning(cli, dataset, baselines, tmp_path, options):
     for extra in ([], ["--buckets", "4"], ["--steps", "5"]):
         out = tmp_path / f"out{'-'.join(extra)}"
         assert_ran(cli.run("reassemble", root, out, "--threads", "2", *OPTION_SETS[options], *extra))
-        _same(_bytes(out), baselines[options], f"shuffled rows {options} {extra}")
+        _same_but_input(out, baseline_dirs[options], f"shuffled rows {options} {extra}")
 
 
-def test_accepted_physical_types(cli, dataset, baselines, tmp_path):
+def test_accepted_physical_types(cli, dataset, baseline_dirs, tmp_path):
     """large_string / dictionary ids, large_list lists, narrow integers: same bytes out."""
     tables = _tables(dataset)
     led = tables["ledger"]
@@ -214,7 +229,7 @@ def test_accepted_physical_types(cli, dataset, baselines, tmp_path):
     pq.write_table(tables["rollouts"], root / "rollouts.parquet", use_dictionary=False)
     out = tmp_path / "out"
     assert_ran(cli.run("reassemble", root, out, "--threads", "2"))
-    _same(_bytes(out), baselines["default"], "physical types")
+    _same_but_input(out, baseline_dirs["default"], "physical types")
 
 
 def test_api_independent_of_thread_count(dataset):

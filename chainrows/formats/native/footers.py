@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import posixpath
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 
 from chainrows.errors import InputError
 
@@ -327,3 +329,41 @@ def facts_of(fh: pa.NativeFile) -> FileFacts:
     fields = [_leaves(f.type) for f in schema]
     return FileFacts(schema, md.num_rows, sum(stored), sum(decoded), _per_field(stored, schema, fields),
                      _per_field(decoded, schema, fields))
+
+
+FOOTER_TAIL = len(MAGIC) + 4  # a Parquet file ends with its footer's length (4 bytes LE) and the magic
+
+
+def input_fingerprint(paths: Iterable, root, fs=None) -> dict:
+    """What identifies a dataset's files without reading their data: ``{"files": N, "bytes":
+    total size, "fingerprint": xxh3_128 hex}``, the hash over each file's name relative to
+    ``root`` (POSIX form), its size and its footer's bytes, in name order. ``fs``: a pyarrow
+    filesystem the paths are on (default: local). Moving the dataset elsewhere keeps it; a file
+    renamed, resized or with other rows changes it. A file too short to hold a footer is an
+    InputError naming it."""
+    base = Path(root).as_posix() if fs is None else str(root)
+    entries = sorted((posixpath.relpath(Path(p).as_posix() if fs is None else str(p), base), p) for p in paths)
+    digest = xxhash.xxh3_128()
+    total = 0
+    for name, path in entries:
+        size, footer = _footer_bytes(path, fs)
+        total += size
+        for part in (name.encode(), b"\0", size.to_bytes(8, "little"), len(footer).to_bytes(8, "little"), footer):
+            digest.update(part)
+    return {"files": len(entries), "bytes": total, "fingerprint": digest.hexdigest()}
+
+
+def _footer_bytes(path, fs) -> tuple[int, bytes]:
+    """``path``'s size and its footer (the serialized metadata, its length and the magic)."""
+    try:
+        with (pa.OSFile(str(path)) if fs is None else fs.open_input_file(str(path))) as fh:
+            size = fh.size()
+            tail = fh.read_at(FOOTER_TAIL, size - FOOTER_TAIL) if size >= FOOTER_TAIL else b""
+            length = int.from_bytes(tail[:4], "little") if tail[4:] == MAGIC else -1
+            if length < 0 or length + FOOTER_TAIL > size:
+                raise ValueError("no Parquet footer at the end of the file")
+            return size, fh.read_at(length + FOOTER_TAIL, size - length - FOOTER_TAIL)
+    except MemoryError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"unreadable Parquet file: {one_line(exc)}", file=path) from exc

@@ -32,12 +32,13 @@ from chainrows.api import Result, run_tables
 from chainrows.engine.threads import inherit_threads
 from chainrows.errors import InputError
 from chainrows.formats.native.dataset import TABLES, footer_totals, read_dataset, table_files, table_schema
-from chainrows.formats.native.footers import remembered
+from chainrows.formats.native.footers import input_fingerprint, remembered
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.lowering.rowgroups import PartsWriter, RowGroupWriter
 from chainrows.memory.process import one_arrow_thread, process_peak_rss
 from chainrows.options import Options
 from chainrows.outdir.atomic import AtomicOutput, write_json_atomic
+from chainrows.outdir.provenance import make_provenance, with_provenance
 from chainrows.progress import Progress
 from chainrows.runners.bulk import plan as planner
 from chainrows.runners.bulk.runs import RunStore, kept_record, merge_tree, run_path
@@ -48,7 +49,7 @@ from chainrows.runners.bulk.windows import plan_windows, scan
 
 WORK_DIR = ".chainrows-work"
 WINDOWS = "windows"  # in WORK_DIR: a stream's windows written to disk, step-NNNNN.json and their runs
-MANIFEST_VERSION = 9
+MANIFEST_VERSION = 10
 MERGE_SHARE = 16  # of the room, what the merge's buffered run batches may take
 ENCODE_SHARE = 16  # of the room, what cut row groups waiting for an encoder may take
 ENCODERS = 2
@@ -110,17 +111,18 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
                                                  route.batches, route.resident))
     summary = Summary(input_bytes=sum(t.stored for t in sizes.values()), decoded_bytes=decoded, path=route.path,
                       why=route.why, batches=route.batches, compile_seconds=footprint.compile_seconds,
-                      budget=memory_budget)
+                      budget=memory_budget, provenance=provenance(dataset_dir, options))
     Progress.say(f"path: {summary.path_text()}", enabled=progress)
     decide = lambda ledger, tokens, rollouts: reassemble(ledger, tokens, rollouts, options)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
     schemas = {"rows": rows_schema(has_lp), "report": REPORT_SCHEMA}
+    final = {name: with_provenance(schema, summary.provenance) for name, schema in schemas.items()}
     tight = room < planner.STREAM_MIN_ROOM  # one encoder, Arrow on one thread, trim after steps
     with AtomicOutput(out, remove_after_commit=[work]) as staged, \
-            PartsWriter(lambda: staged.reserve_part("rows"), schemas["rows"], unit_column="input_ids",
+            PartsWriter(lambda: staged.reserve_part("rows"), final["rows"], unit_column="input_ids",
                         encoders=1 if tight else ENCODERS,
                         max_pending_bytes=max(1, room // ENCODE_SHARE), sync_parts=staged.durable) as rows_w, \
-            RowGroupWriter(staged.reserve_file("report"), schemas["report"]) as report_w:
+            RowGroupWriter(staged.reserve_file("report"), final["report"]) as report_w:
         if route.path == "memory":
             bar = Progress("reassemble", 1, enabled=progress, unit="steps")
             ds = read_dataset(dataset_dir)
@@ -159,6 +161,13 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
     summary.seconds = time.perf_counter() - t0
     summary.peak_rss = process_peak_rss() or 0
     return summary
+
+
+def provenance(dataset_dir, options: Options) -> dict:
+    """How the outputs of ``dataset_dir`` under ``options`` are made (the metadata of both
+    outputs, chainrows.outdir.provenance): the options and the input's fingerprint."""
+    files = [f for name in TABLES for f in table_files(dataset_dir, name)]
+    return make_provenance(options, input_fingerprint(files, dataset_dir))
 
 
 def choose_route(dataset_dir, total: int, room: int, has_lp: bool) -> Route:

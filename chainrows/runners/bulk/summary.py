@@ -10,7 +10,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.api import Result
+from chainrows.outdir.provenance import describe
 from chainrows.progress import human_bytes
+
+UNTRAINED_WARN_SHARE = 0.05  # of the ok rollouts' generated tokens, untrained: the summary warns
 
 
 @dataclass
@@ -23,7 +26,10 @@ class Summary:
     / ``decoded_bytes``: the columns read, uncompressed as stored and estimated once decoded
     (what the plan sizes memory by), from the footers. ``held_runs`` / ``written_runs``: of a stream's
     windows with rows or a spill's buckets, those whose sorted runs (rows and report) were held
-    in memory until the merge, and those whose runs were written to disk.
+    in memory until the merge, and those whose runs were written to disk. ``generated_tokens`` /
+    ``untrained_tokens``: of the ok rollouts, generated tokens and those no row trains
+    (``chainrows.api.Result``); at UNTRAINED_WARN_SHARE of them or more the summary warns.
+    ``provenance``: how the outputs were made (chainrows.outdir.provenance), shown as one line.
     """
 
     rollouts: int = 0
@@ -36,6 +42,8 @@ class Summary:
     calls: int = 0
     unselected_calls: int = 0
     orphan_token_rows: int = 0
+    generated_tokens: int = 0
+    untrained_tokens: int = 0
     input_bytes: int = 0
     decoded_bytes: int = 0
     path: str = "memory"
@@ -47,6 +55,7 @@ class Summary:
     budget: int = 0  # the --memory-budget the run was planned under (0: none, e.g. Ray)
     compile_seconds: float = 0.0
     seconds: float = 0.0
+    provenance: dict | None = None
 
     def add(self, result: Result) -> None:
         """Count one reassembled batch."""
@@ -68,9 +77,11 @@ class Summary:
         self.calls += int(calls.sum())
         self.unselected_calls += int((calls - np.asarray(report["num_selected"]))[ok].sum())
         self.orphan_token_rows += result.orphan_token_rows
+        self.generated_tokens += result.generated_tokens
+        self.untrained_tokens += result.untrained_tokens
 
     _COUNTS = ("rollouts", "ok", "rows", "placeholder_rows", "tokens", "loss_tokens", "calls",
-               "unselected_calls", "orphan_token_rows")
+               "unselected_calls", "orphan_token_rows", "generated_tokens", "untrained_tokens")
 
     def merge(self, other: Summary) -> None:
         """Add another batch's counts (the run's own fields stay)."""
@@ -112,6 +123,8 @@ class Summary:
                   ("input (uncompressed)", human_bytes(self.input_bytes) + (
                       f", {human_bytes(self.decoded_bytes)} decoded" if self.decoded_bytes else "")),
                   ("path", self.path_text())]
+        if self.provenance is not None:
+            lines.append(("made with", describe(self.provenance)))
         if self.path in ("stream", "spill"):
             lines.append((f"  {self._UNITS[self.path]}s' runs", f"{self.held_runs:,} held in memory, "
                                                                 f"{self.written_runs:,} written to disk"))
@@ -123,4 +136,17 @@ class Summary:
                                                           if self.compile_seconds >= 0.05 else "")))
         lines.append(("throughput", f"{self.rollouts / work:,.0f} rollouts/s, {self.tokens / work / 1e6:,.1f} M tokens/s"))
         width = max(len(k) for k, _ in lines)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+        warning = self.untrained_warning()
+        return "\n".join([f"{k:<{width}}  {v}" for k, v in lines] + ([warning] if warning else []))
+
+    def untrained_share(self) -> float:
+        """Of the ok rollouts' generated tokens, the share no row trains (0 when none)."""
+        return self.untrained_tokens / self.generated_tokens if self.generated_tokens else 0.0
+
+    def untrained_warning(self) -> str | None:
+        """The warning line when ``untrained_share`` is at least UNTRAINED_WARN_SHARE, else None."""
+        if self.untrained_tokens <= 0 or self.untrained_share() < UNTRAINED_WARN_SHARE:
+            return None
+        return (f"warning: {self.untrained_share():.1%} of the ok rollouts' generated tokens "
+                f"({self.untrained_tokens:,} of {self.generated_tokens:,}) are in no row: calls the "
+                "agent's final output does not contain; see why with: chainrows explain DATA ROLLOUT_ID")

@@ -23,8 +23,10 @@ import pyarrow.fs as pafs
 
 from chainrows.api import run_tables
 from chainrows.formats.native.dataset import Totals
+from chainrows.formats.native.footers import input_fingerprint
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.options import Options
+from chainrows.outdir.provenance import make_provenance, with_provenance
 from chainrows.runners.bulk.summary import Summary
 from chainrows.runners.ray import tasks
 from chainrows.runners.ray.cluster import connected, input_error_in
@@ -59,6 +61,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     tables = check_tables(src)
     sizes = _input_totals(src, tables)
     has_lp = "logprobs" in tables["tokens"].columns
+    prov = make_provenance(options, input_fingerprint([p for t in tables.values() for p in t.paths], src.path, src.fs))
     with connected(address, num_cpus, worker_logs=worker_logs) as ray:
         from ray.data import DataContext
 
@@ -71,14 +74,15 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
                            math.ceil(sizes.decoded / BUCKET_BYTES))
         try:
             with Staging(dst) as stage:
-                got = _pipeline(ray, src, dst, stage, tables, options, n, has_lp, engine)
+                got = _pipeline(ray, src, dst, stage, tables, options, n, has_lp, engine, prov)
         except Exception as exc:
             found = input_error_in(exc)
             if found is not None and found is not exc:
                 raise found from None
             raise
     summary = Summary(input_bytes=sizes.stored, decoded_bytes=sizes.decoded, path="ray", batches=n,
-                      why=f"{n:,} decide tasks on {'a local Ray' if address is None else address}")
+                      why=f"{n:,} decide tasks on {'a local Ray' if address is None else address}",
+                      provenance=prov)
     for r in got:
         summary.merge(Summary.from_counts(r["counts"]))
     if records is not None:
@@ -88,7 +92,9 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
 
 
 def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options, n: int, has_lp: bool,
-              engine) -> list[dict]:
+              engine, prov: dict) -> list[dict]:
+    """Run the pipeline and place its parts (both outputs carrying ``prov``); returns the decide
+    tasks' records in bucket order."""
     source, _ = datasource(src, tables, n)
     records_dir, parts_dir = f"{stage.root}/records", f"{stage.root}/parts"
     for d in (records_dir, f"{parts_dir}/rows", f"{parts_dir}/report"):
@@ -104,7 +110,7 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options
                                         has_logprobs=has_lp, engine=engine))
              .sort(tasks.SORT_KEYS)
              .map_batches(tasks.write_part, batch_size=None, batch_format="pyarrow",
-                          fn_kwargs=dict(fs=dst.fs, parts_dir=parts_dir, has_logprobs=has_lp))
+                          fn_kwargs=dict(fs=dst.fs, parts_dir=parts_dir, has_logprobs=has_lp, provenance=prov))
              .take_all())
     for name, schema in (("rows", rows_schema(has_lp)), ("report", REPORT_SCHEMA)):
         # sorted blocks cover disjoint key ranges: their first keys order them
@@ -112,7 +118,7 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options
         files = [p["file"] for p in mine]
         if not files:  # an empty output is one empty part, as the single-process run writes one
             files = [f"{parts_dir}/{name}/empty.parquet"]
-            tasks.write_parquet(dst.fs, files[0], schema.empty_table())
+            tasks.write_parquet(dst.fs, files[0], with_provenance(schema.empty_table(), prov))
         stage.place(name, files)
     records = []
     for info in dst.fs.get_file_info(pafs.FileSelector(records_dir)):

@@ -22,6 +22,7 @@ from chainrows.api import run_tables
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.options import Options
 from chainrows.outdir.parquet import WRITE_OPTIONS, row_group_rows
+from chainrows.outdir.provenance import with_provenance
 from chainrows.runners.bulk.summary import Summary
 from chainrows.runners.ray.route import BUCKET_COL, add_buckets, split_tables
 
@@ -95,16 +96,20 @@ def _widen(table: pa.Table, out: int, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=schema)
 
 
-def write_part(block: pa.Table, *, fs: pafs.FileSystem, parts_dir: str, has_logprobs: bool) -> pa.Table:
+def write_part(block: pa.Table, *, fs: pafs.FileSystem, parts_dir: str, has_logprobs: bool,
+               provenance: dict | None = None) -> pa.Table:
     """map_batches on a sorted output block: write its rows and its report rows as one Parquet
-    part each under ``parts_dir/{rows,report}/``; return PART_RECORD rows naming each file and
-    its first (rollout_id, segment), by which the commit orders the parts."""
+    part each under ``parts_dir/{rows,report}/`` (with ``provenance`` as their metadata, when
+    given); return PART_RECORD rows naming each file and its first (rollout_id, segment), by
+    which the commit orders the parts."""
     records = []
     for out, name, schema in ((0, "rows", rows_schema(has_logprobs)), (1, "report", REPORT_SCHEMA)):
         part = block.filter(pc.equal(block[OUT_COL], out))
         if part.num_rows == 0:
             continue
         path = f"{parts_dir}/{name}/{uuid.uuid4().hex}.parquet"
+        if provenance is not None:
+            schema = with_provenance(schema, provenance)
         write_parquet(fs, path, part.select(schema.names).cast(schema))
         records.append({"output": name, "file": path, "first_id": part["rollout_id"][0].as_py(),
                         "first_segment": part["segment"][0].as_py(), "num_rows": part.num_rows})

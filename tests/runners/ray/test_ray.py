@@ -30,6 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from chainrows.outdir.provenance import read_provenance
+
 pytestmark = pytest.mark.slow  # tests/README.md: Ray sessions
 
 HERE = Path(__file__).resolve()
@@ -234,10 +236,17 @@ def _env(work: Path) -> dict:
 # ----------------------------------------------------------------------------- the tests
 
 def _same_tables(case) -> None:
+    """Same tables as the single-process run, and every file with the same provenance."""
+    from chainrows.outdir.provenance import provenance_of
+
     out, expected = Path(case["out"]), Path(case["expected"])
+    want_prov = read_provenance(expected)
+    assert want_prov is not None and want_prov["input"] is not None
     for name in ("rows", "report"):
         got, want = read_output(out, name), read_output(expected, name)
         assert got.schema.equals(want.schema), name
+        for f in (out / name).iterdir():
+            assert provenance_of(pq.read_metadata(f).metadata) == want_prov, f
         assert got.num_rows == want.num_rows, name
         assert same_table(got, want), f"{name} differs from the single-process run"
     assert not [p for p in out.iterdir() if p.name.startswith(".chainrows-tmp")], "staging left behind"
@@ -255,6 +264,12 @@ def test_api_run_equals_single_process(session, name):
     report = read_output(Path(case["expected"]), "report")
     assert got["summary"]["rollouts"] == report.num_rows
     assert got["summary"]["ok"] == report["status"].to_pylist().count("ok")
+    import chainrows
+
+    whole = chainrows.reassemble(case["data"], **case["options"])
+    assert (got["summary"]["generated"], got["summary"]["untrained"]) == (whole.generated_tokens,
+                                                                          whole.untrained_tokens)
+    assert whole.untrained_tokens > 0
 
 
 def test_messy_data_exercises_what_it_should(session):
@@ -323,6 +338,8 @@ def test_cli_local_ray_prints_the_summary_and_equals_single_process(session):
     assert got["rc"] == 0, got["stderr"][-2000:]
     _same_tables(case)
     assert "ray, " in got["stdout"] and "a local Ray" in got["stdout"]
+    fingerprint = read_provenance(Path(case["out"]))["input"]["fingerprint"]
+    assert "made with" in got["stdout"] and fingerprint[:12] in got["stdout"]
     report = read_output(Path(case["expected"]), "report")
     assert f"{report.num_rows:,}" in got["stdout"].split("rollouts", 1)[1].splitlines()[0]
     assert "logprobs" not in read_output(Path(case["out"]), "rows").column_names
@@ -375,7 +392,8 @@ def _run_api(case, engine=None) -> dict:
                 progress=False, engine=engine or run_tables)
     except Exception as exc:  # the test decides whether an error was expected
         return {"error": f"{type(exc).__name__}: {exc}"}
-    return {"error": None, "summary": {"rollouts": s.rollouts, "ok": s.ok}}
+    return {"error": None, "summary": {"rollouts": s.rollouts, "ok": s.ok, "generated": s.generated_tokens,
+                                       "untrained": s.untrained_tokens}}
 
 
 def _start_cli(case) -> subprocess.Popen:
