@@ -150,28 +150,110 @@ def format_detail(detail_id: int, call_id: str | None = None, position: int | No
     return message
 
 
-# The first sentence of each reason's **Fix.** paragraph in docs/reasons.md (tests/docs keep the
-# two equal), for ``chainrows explain``.
+# The **Fix.** paragraph of each reason in docs/reasons.md (links written as their target), for
+# ``chainrows explain``; tests/explanation keeps the two equal.
 FIXES = {
-    'no_rollout_record': 'Write a rollouts row for every episode that started, even a failed one (a null reward masks it as `reward_invalid`, which says more), export the three tables from the same run, and build the rollout id in one place.',
-    'no_calls': 'Flush and ship the ledger of every worker; check the ids match byte for byte.',
-    'capture_failed': 'Nothing to repair in the data: the rollout cannot be trained token-exactly.',
-    'reward_invalid': 'Make the verifier return a finite number for every finished rollout (decide what a verifier failure is worth, e.g. 0, or re-run it), or leave the rollout masked on purpose.',
-    'duplicate_call': 'Deduplicate on the writer side (idempotent writes keyed by (rollout_id, call_id)), make call ids unique per rollout (e.g. a UUID or worker-prefixed counter), and give every served response its own id.',
-    'length_mismatch': 'Build `item_keys`/`item_ids` (and `output_keys`/`output_ids`) together from one item list (`chainrows.formats.items.model_item_keys` returns both).',
-    'no_output': "Store the agent's final returned history and key its model-authored items (`model_item_keys`).",
-    'unmatched_output': "Key the items exactly as the model returned them, in both places, with the same function; keep the harness's own items out of model-authored roles (a compaction summary written by the harness is context: give it a user/system role or leave it unkeyed); record for each call every model-authored item it produced, in order.",
-    'ambiguous_output': 'Record the served item ids (`item_ids`, and `output_ids` in the final history): ids are dropped from the fingerprint but constrain the match.',
-    'out_of_order': "Write each rollout's ledger rows in capture order (sort by a monotonic per-rollout sequence number before writing, not by call id).",
-    'terminal_mismatch': 'Set `terminal_response_id` to the `response_id` of the call that produced the last model-authored item of the returned history, as stored in the ledger; or leave it null if the harness does not know.',
-    'accepted_mismatch': 'Record `accepted_response_ids` at the point where the history is committed, from the same data; or leave the column null for rollouts where it is not reliable (null = no record).',
-    'broken_chain': 'Set `parent_id` to the call whose full sequence (prompt + generation) is a prefix of this request; null when the request is not such an extension (a compaction, a fresh sub-agent).',
-    'multiple_roots': 'Use cc mode (the default): it selects the calls of the final output and gives one row per chain instead of masking.',
-    'ambiguous_terminal': 'Record `terminal_response_id`, or use cc mode.',
-    'walk_mismatch': "Make `parent_id` hold the parent's `call_id` (same rollout) and make sure every call reaches the ledger.",
-    'missing_tokens': 'Write the tokens row in the same step as the ledger row (or mark the call `failed` when the tokens cannot be stored), and build ids in one place.',
-    'hash_mismatch': 'Compute the hash at capture over the delta exactly as stored, as little-endian int32 bytes, seeded with the parent\'s `chain_hash` (0 for a root): `xxhash.xxh3_64_intdigest(np.asarray(delta, "<i4").tobytes(), parent_hash)`.',
-    'logprob_invalid': 'Store the sampling logprob of each generated token, and 0.0 on every carry token.',
+    'no_rollout_record': (
+        'Write a rollouts row for every episode that started, even a failed one (a null reward '
+        'masks it as `reward_invalid`, which says more), export the three tables from the same run, '
+        'and build the rollout id in one place.'
+    ),
+    'no_calls': (
+        'Flush and ship the ledger of every worker; check the ids match byte for byte. If the '
+        'episode really made no call, there is nothing to train: dropping the rollouts row is fine.'
+    ),
+    'capture_failed': (
+        'Nothing to repair in the data: the rollout cannot be trained token-exactly. Fix the '
+        'capture error itself; the detail names the call. Keep writing poison rows: silently '
+        'dropping a failed call would make the rollout look complete and train on wrong tokens.'
+    ),
+    'reward_invalid': (
+        'Make the verifier return a finite number for every finished rollout (decide what a '
+        'verifier failure is worth, e.g. 0, or re-run it), or leave the rollout masked on purpose.'
+    ),
+    'duplicate_call': (
+        'Deduplicate on the writer side (idempotent writes keyed by (rollout_id, call_id)), make '
+        'call ids unique per rollout (e.g. a UUID or worker-prefixed counter), and give every '
+        'served response its own id.'
+    ),
+    'length_mismatch': (
+        'Build `item_keys`/`item_ids` (and `output_keys`/`output_ids`) together from one item list '
+        '(`chainrows.formats.items.model_item_keys` returns both). Store the exact token ids the '
+        'model saw and produced, and set `delta_len = len(tokens)`, `gen_len = len(generated)`, '
+        '`prev_len = 0` for a root and `parent.prev_len + parent.delta_len` otherwise. Write one '
+        'logprob per token, 0.0 on carry tokens (see the example in docs/format.md); if some calls '
+        'have no logprobs, drop the column for the whole dataset rather than leave gaps.'
+    ),
+    'no_output': (
+        "Store the agent's final returned history and key its model-authored items "
+        '(`model_item_keys`). If the harness cannot, run `--mode ordinary` (one chain from the '
+        'terminal call); rollouts that compacted are then masked `multiple_roots`.'
+    ),
+    'unmatched_output': (
+        'Key the items exactly as the model returned them, in both places, with the same function; '
+        "keep the harness's own items out of model-authored roles (a compaction summary written by "
+        'the harness is context: give it a user/system role or leave it unkeyed); record for each '
+        'call every model-authored item it produced, in order. Compare `canonical_json(item)` of '
+        'the output item at position `p` with the items of the call you expected to match.'
+    ),
+    'ambiguous_output': (
+        'Record the served item ids (`item_ids`, and `output_ids` in the final history): ids are '
+        'dropped from the fingerprint but constrain the match. Or record `accepted_response_ids` '
+        '(the calls the harness accepted, in order), or at least `terminal_response_id`.'
+    ),
+    'out_of_order': (
+        "Write each rollout's ledger rows in capture order (sort by a monotonic per-rollout "
+        'sequence number before writing, not by call id). If the agent repeats itself, record item '
+        'ids so each occurrence matches its own call.'
+    ),
+    'terminal_mismatch': (
+        'Set `terminal_response_id` to the `response_id` of the call that produced the last '
+        'model-authored item of the returned history, as stored in the ledger; or leave it null if '
+        'the harness does not know.'
+    ),
+    'accepted_mismatch': (
+        'Record `accepted_response_ids` at the point where the history is committed, from the same '
+        'data; or leave the column null for rollouts where it is not reliable (null = no record).'
+    ),
+    'broken_chain': (
+        'Set `parent_id` to the call whose full sequence (prompt + generation) is a prefix of this '
+        'request; null when the request is not such an extension (a compaction, a fresh sub-agent). '
+        'Interleaved workers and forks (two branches continuing one call) are not supported by the '
+        'default linear cut: reassemble with `--plan forest`, which keeps them as long as every '
+        "kept call's parent was kept before it (detail `parent is not a call selected before it` "
+        'otherwise).'
+    ),
+    'multiple_roots': (
+        'Use cc mode (the default): it selects the calls of the final output and gives one row per '
+        'chain instead of masking. `chainrows stats DATA` shows how many rollouts cc recovers.'
+    ),
+    'ambiguous_terminal': (
+        'Record `terminal_response_id`, or use cc mode. For a cycle, fix how parent ids are '
+        'assigned.'
+    ),
+    'walk_mismatch': (
+        "Make `parent_id` hold the parent's `call_id` (same rollout) and make sure every call "
+        'reaches the ledger.'
+    ),
+    'missing_tokens': (
+        'Write the tokens row in the same step as the ledger row (or mark the call `failed` when '
+        'the tokens cannot be stored), and build ids in one place. Token rows that name no ledger '
+        'call are counted as orphans in the summary: many orphans next to `missing_tokens` usually '
+        'means the ids differ between the tables.'
+    ),
+    'hash_mismatch': (
+        'Compute the hash at capture over the delta exactly as stored, as little-endian int32 '
+        "bytes, seeded with the parent's `chain_hash` (0 for a root): "
+        '`xxhash.xxh3_64_intdigest(np.asarray(delta, "<i4").tobytes(), parent_hash)` (see '
+        'docs/format.md). If it still differs, the stored tokens are wrong: that is what the hash '
+        'is there to catch. For `integrity_error`, fix the capture the text names (a Gym dump: the '
+        'staged call and its record must come from the same capture, untouched).'
+    ),
+    'logprob_invalid': (
+        'Store the sampling logprob of each generated token, and 0.0 on every carry token. For '
+        'tokens the server cannot score, clamp to a finite floor at capture, or mark the call '
+        '`failed`; do not store prompt logprobs in this column.'
+    ),
 }
 
 

@@ -53,7 +53,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
-    from chainrows.inspect import write_report
+    from chainrows.inspection import write_report
 
     summary = write_report(a.out, a.html, data=a.data, sample=a.sample, overwrite=a.overwrite)
     print(summary)

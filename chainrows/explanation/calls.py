@@ -25,15 +25,15 @@ def occurrences(keys: tuple[int, ...], output: tuple[int, ...]) -> list[int]:
     return [p for p in range(len(output) - n + 1) if output[p:p + n] == keys] if n else []
 
 
-def why_not(f: RolloutFacts, c: int, matched: dict[int, list[int]], mode: str) -> str:
+def why_not(f: RolloutFacts, c: int, matched: dict[int, list[int]], mode: str, reason: str | None) -> str:
     """Why call ``c`` (not selected) is not trained, in one phrase."""
     if f.failed[c]:
         return "capture failed (failed = true)"
     if mode == "ordinary":
         return "not on the terminal call's chain" if f.selection else \
-            "no chain was chosen: the rollout was masked before the terminal walk"
+            f"no chain was chosen: the rollout was masked ({reason}) before the terminal walk ended"
     if not f.selection:
-        return "selection did not complete: the rollout was masked before or during it"
+        return f"no selection: the rollout was masked ({reason}) before selection completed"
     if not f.item_keys[c]:
         return "produced no output items"
     at = occurrences(f.item_keys[c], f.output_keys)
@@ -69,9 +69,10 @@ def loss_per_call(row_calls: list[list[str]], row_masks: list[list[int]], f: Rol
     return out
 
 
-def call_records(f: RolloutFacts, raw_parents: list[str | None], mode: str,
+def call_records(f: RolloutFacts, raw_parents: list[str | None], mode: str, reason: str | None,
                  row_calls: list[list[str]], row_masks: list[list[int]]) -> list[dict]:
-    """One dict per call in capture order (the ``calls`` of an explanation)."""
+    """One dict per call in capture order (the ``calls`` of an explanation); ``reason``: the
+    rollout's reason code (None when ok)."""
     matched = output_positions(f) if mode == "cc" else {}
     selected = set(f.selection)
     chain_of: dict[int, list[int]] = {}
@@ -87,7 +88,7 @@ def call_records(f: RolloutFacts, raw_parents: list[str | None], mode: str,
             "root": f.parent[c] == ROOT, "parent_missing": f.parent[c] == MISSING,
             "delta_len": f.delta_len[c], "gen_len": f.gen_len[c], "failed": f.failed[c],
             "items": len(f.item_keys[c]), "output_positions": matched.get(c, []),
-            "selected": c in selected, "why_not": None if c in selected else why_not(f, c, matched, mode),
+            "selected": c in selected, "why_not": None if c in selected else why_not(f, c, matched, mode, reason),
             "chain": chains[0] if chains else None, "chains": chains,
             "loss_tokens": loss.get(cid, 0),
         })

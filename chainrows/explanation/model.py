@@ -80,9 +80,9 @@ def explain_tables(ledger: pa.Table, tokens: pa.Table, rollouts: pa.Table, rollo
         facts = rollout_facts(batch, labels.call_ids, dec, sel_dec, r)
         rows = _rows_of(result.rows, rid)
         raw = _raw_parents(ledger, rid)
-        calls = call_records(facts, [raw.get(c) for c in facts.calls], options.mode,
-                             [row["call_ids"] for row in rows], [row["loss_mask"] for row in rows])
         rep = report[rid]
+        calls = call_records(facts, [raw.get(c) for c in facts.calls], options.mode, rep["reason"],
+                             [row["call_ids"] for row in rows], [row["loss_mask"] for row in rows])
         out.append(Explanation(
             rollout_id=rid, group_id=rep["group_id"], status=rep["status"], reason=rep["reason"],
             detail=rep["detail"], mode=options.mode, plan=options.plan,

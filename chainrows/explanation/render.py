@@ -124,7 +124,7 @@ def call_tree_svg(e: dict, row_height: int = 22, indent: int = 22) -> str:
     y_of = {pos: 14 + i * row_height for i, (pos, _) in enumerate(order)}
     x_of = {pos: 12 + d * indent for pos, d in order}
     index = {c["call_id"]: c["position"] for c in calls}
-    width = max([x_of[p] for p in x_of] + [0]) + 420
+    width = max([x_of[p] + 7 * len(_svg_label(calls[p], fc.get("call_id"))) for p in x_of] + [0]) + 40
     height = 14 + len(order) * row_height
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="call-tree" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="12">']
@@ -139,12 +139,24 @@ def call_tree_svg(e: dict, row_height: int = 22, indent: int = 22) -> str:
     return "".join(out)
 
 
+def _svg_label(c: dict, failing: str | None) -> str:
+    tags = [] if c["selected"] else ["not selected"]
+    if c["chain"] is not None:
+        tags.append("chain " + ",".join(map(str, c["chains"])))
+    if c["call_id"] == failing:
+        tags.append("failed check")
+    return c["call_id"] + (f"  ({', '.join(tags)})" if tags else "")
+
+
 def _svg_node(c: dict, x: int, y: int, failing: str | None) -> str:
-    colour = PALETTE[c["chain"] % len(PALETTE)] if c["chain"] is not None else GREY
+    if c["chain"] is not None:
+        colour = PALETTE[c["chain"] % len(PALETTE)]
+    else:  # selected but never cut into a chain (masked after selection): white; not selected: grey
+        colour = "#FFFFFF" if c["selected"] else GREY
     stroke = f'stroke="{FAIL}" stroke-width="3"' if c["call_id"] == failing else 'stroke="#333"'
     shape = (f'<rect x="{x - 6}" y="{y - 6}" width="12" height="12" fill="{colour}" {stroke}/>' if c["root"]
              else f'<circle cx="{x}" cy="{y}" r="6" fill="{colour}" {stroke}/>')
-    label = c["call_id"] + ("" if c["selected"] else f"  ({c['why_not']})" if c["why_not"] else "")
+    label = _svg_label(c, failing)
     chain = "" if c["chain"] is None else str(c["chain"])
     return (f'<g class="call" data-call-id="{html.escape(c["call_id"])}" data-selected="{int(c["selected"])}" '
             f'data-chain="{chain}"><title>{html.escape(_call_line(c, failing))}</title>{shape}'
@@ -160,6 +172,10 @@ def explanation_html(e: dict) -> str:
              + (f" (<code>{esc(e['reason'])}</code>)" if e["reason"] else "") + "</h3>"]
     if e["detail"]:
         parts.append(f"<p>{esc(e['detail'])}</p>")
+    rows = "; ".join(f"{r['row_id']} ({r['num_tokens']} tokens, {r['loss_tokens']} trained)" for r in e["rows"])
+    parts.append(f"<p>mode {esc(e['mode'])}, plan {esc(e['plan'])}: {e['num_calls']} calls, {e['num_selected']} "
+                 f"selected, {e['num_roots']} roots; reward {_num(e['reward'])}, advantage {_num(e['advantage'])}"
+                 + (f"<br>rows: {esc(rows)}" if rows else "") + "</p>")
     if fc and fc["expected"] is not None:
         parts.append(f"<p>expected: {esc(str(fc['expected']))}<br>found: {esc(str(fc['found']))}</p>")
     if fc and fc["fix"]:

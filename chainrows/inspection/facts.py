@@ -64,21 +64,24 @@ def sample(ids: list[str], keys: list[str], n: int) -> list[str]:
     return out
 
 
-def group_spread(report: pa.Table) -> dict:
-    """Per group (rollouts with a group_id and a finite reward): size, reward std and the
-    advantage range; summarised for the page."""
-    t = report.filter(pc.and_(pc.is_valid(report.column("group_id")), pc.is_finite(pc.fill_null(report.column("reward"), float("nan")))))
+def group_spread(report: pa.Table) -> list[tuple[str, str]]:
+    """Per group (rollouts with a group_id and a finite reward): size, reward standard deviation
+    and advantage range, summarised as (label, value) lines for the page."""
+    finite = pc.is_finite(pc.fill_null(report.column("reward"), float("nan")))
+    t = report.filter(pc.and_(pc.is_valid(report.column("group_id")), finite))
     if t.num_rows == 0:
-        return {"groups": 0}
-    g = t.group_by("group_id").aggregate([("reward", "stddev", pc.VarianceOptions(ddof=0)), ("reward", "count"),
+        return [("groups", "0")]
+    g = t.group_by("group_id").aggregate([("reward", "stddev", pc.VarianceOptions(ddof=1)), ("reward", "count"),
                                          ("advantage", "min"), ("advantage", "max")])
     std = np.nan_to_num(g.column("reward_stddev").to_numpy(zero_copy_only=False))
     size = g.column("reward_count").to_numpy()
-    return {
-        "groups": g.num_rows,
-        "size_min": int(size.min()), "size_max": int(size.max()), "size_mean": float(size.mean()),
-        "flat_groups": int((std == 0).sum()),
-        "reward_std_quantiles": [float(x) for x in np.quantile(std, [0.0, 0.25, 0.5, 0.75, 1.0])],
-        "advantage_min": float(np.nanmin(g.column("advantage_min").to_numpy(zero_copy_only=False))),
-        "advantage_max": float(np.nanmax(g.column("advantage_max").to_numpy(zero_copy_only=False))),
-    }
+    q = np.quantile(std, [0.0, 0.25, 0.5, 0.75, 1.0])
+    lo = np.nanmin(g.column("advantage_min").to_numpy(zero_copy_only=False))
+    hi = np.nanmax(g.column("advantage_max").to_numpy(zero_copy_only=False))
+    return [
+        ("groups", f"{g.num_rows:,}"),
+        ("rollouts per group (min / mean / max)", f"{size.min()} / {size.mean():.2f} / {size.max()}"),
+        ("groups whose rewards are all equal (every advantage 0)", f"{int((std == 0).sum()):,}"),
+        ("reward std per group (ddof 1): min / 25 % / median / 75 % / max", " / ".join(f"{x:.3g}" for x in q)),
+        ("advantage range", f"{lo:.3g} to {hi:.3g}"),
+    ]

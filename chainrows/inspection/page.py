@@ -15,9 +15,9 @@ table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:
 """
 
 
-def _table(rows: list[tuple], head: tuple) -> str:
+def _table(rows: list[tuple], head: tuple | None) -> str:
     esc = html.escape
-    out = ["<table><tr>" + "".join(f"<th>{esc(str(h))}</th>" for h in head) + "</tr>"]
+    out = ["<table>" + ("<tr>" + "".join(f"<th>{esc(str(h))}</th>" for h in head) + "</tr>" if head else "")]
     for row in rows:
         out.append("<tr>" + "".join(f"<td>{cell if isinstance(cell, _Raw) else esc(str(cell))}</td>"
                                     for cell in row) + "</tr>")
@@ -49,7 +49,7 @@ def status_section(counts: list[tuple[str, int]], total: int) -> str:
 
 
 def numbers_section(title: str, rows: list[tuple], anchor: str) -> str:
-    return f'<h2>{html.escape(title)}</h2><div id="{anchor}">' + _table(rows, ("", "")) + "</div>"
+    return f'<h2>{html.escape(title)}</h2><div id="{anchor}">' + _table(rows, None) + "</div>"
 
 
 def drilldowns_section(title: str, explanations: list[dict], anchor: str, note: str) -> str:

@@ -94,7 +94,7 @@ def write_report(out: str | os.PathLike, html_file: str | os.PathLike, *, data=N
     sections = [P.provenance_section(prov), P.status_section(_counts(report), report.num_rows),
                 P.numbers_section("Rows per ok rollout", _split_rows(report), "splits"),
                 P.numbers_section("Tokens", _token_rows(report, generated), "tokens"),
-                P.numbers_section("Reward and advantage per group", list(group_spread(report).items()), "groups")]
+                P.numbers_section("Reward and advantage per group", group_spread(report), "groups")]
     sections += _drilldowns(report, data, options, sample)
     text = P.page(f"chainrows inspect: {out}", sections)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
