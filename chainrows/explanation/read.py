@@ -2,10 +2,10 @@
 
 A rollout's decision depends on its own ledger, tokens and rollouts rows; its advantage on its
 group's rewards (and, with ``baseline_population="ok"``, on its siblings' decisions). So the
-rollouts of the asked ids' groups are read whole, and nothing else: each file is read through
-Arrow's dataset scanner with a filter on ``rollout_id`` (or ``group_id``), which skips the row
-groups whose statistics rule the ids out. A dataset written sorted or clustered by rollout id
-therefore answers in the time of a few row groups, whatever its size (docs/explain.md).
+rollouts of the asked ids' groups are read whole, and nothing else: of each file, the id column
+(``rollout_id`` or ``group_id``), then only the row groups that hold a wanted id, one at a time.
+A dataset written rollout by rollout (as every importer and ``synth`` write) therefore answers in
+the time of its id columns and a few row groups, whatever its size (docs/explain.md).
 """
 
 from __future__ import annotations
@@ -13,32 +13,46 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
 from chainrows.errors import InputError
 from chainrows.formats.native.dataset import TABLES, TablePlan, normalize, plan_table
 from chainrows.formats.native.footers import reading
 
 
+def _matching_groups(pf: pq.ParquetFile, column: str, wanted: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(row groups holding a wanted value of ``column``, their first rows): the id column is read
+    whole (small beside the token lists), the rest only where it matches."""
+    ids = pf.read(columns=[column]).column(0)
+    hit = np.flatnonzero(pc.is_in(ids, value_set=wanted.cast(ids.type)).to_numpy(zero_copy_only=False))
+    sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+    starts = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+    groups = np.unique(np.searchsorted(starts, hit, side="right") - 1)
+    return groups, starts
+
+
 def read_filtered(plan: TablePlan, column: str, values: Sequence[str]) -> pa.Table:
     """The rows of ``plan``'s table whose ``column`` is one of ``values``, file by file in read
-    order, each piece checked and normalized as every reader does (``normalize``)."""
+    order, each piece checked and normalized as every reader does (``normalize``). Only the row
+    groups that hold a wanted value are decoded, one at a time, so memory stays at one row group
+    whatever the file's size."""
     wanted = pa.array(sorted(set(values)), pa.string())
     parts = []
     for i, file in enumerate(plan.files):
         with reading(plan.name, file):
-            scan = pads.dataset(str(file), format="parquet")
-            if scan.schema.field(column).type != pa.string():
-                wanted_here = wanted.cast(scan.schema.field(column).type)
-            else:
-                wanted_here = wanted
-            raw = scan.to_table(columns=plan.read_columns(i), filter=pc.field(column).isin(wanted_here))
-        parts.append(normalize(plan.name, raw, plan.columns, file))
+            pf = pq.ParquetFile(file)
+            groups, starts = _matching_groups(pf, column, wanted)
+            for g in groups:
+                piece = pf.read_row_group(int(g), columns=plan.read_columns(i))
+                keep = pc.is_in(piece.column(column), value_set=wanted.cast(piece.column(column).type))
+                parts.append((piece.filter(keep), file, int(starts[g])))  # row0: the row group's, for messages
     if not parts:
         return plan.schema.empty_table()
-    return pa.concat_tables(parts, promote_options="permissive")
+    tables = [normalize(plan.name, t, plan.columns, file, row0) for t, file, row0 in parts]
+    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def read_for_rollouts(data: str | os.PathLike, rollout_ids: Sequence[str]) -> tuple[pa.Table, pa.Table, pa.Table]:
