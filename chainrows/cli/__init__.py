@@ -1,4 +1,4 @@
-"""The ``chainrows`` command line: reassemble, synth, import-jsonl, import-calls, import-gym, export-gym, stats.
+"""The ``chainrows`` command line: reassemble, synth, import-jsonl, import-calls, import-gym, export-gym, stats, pack.
 
 Exit codes: 0 ran (masked rollouts included), 2 unusable input or bad arguments, 1 an internal
 error or the machine out of memory or disk (one line; set CHAINROWS_DEBUG=1 for the traceback;
@@ -38,6 +38,8 @@ from chainrows.cli.common import (
 )
 from chainrows.cli.gym import COMMANDS as GYM_COMMANDS  # argparse only, no heavy imports
 from chainrows.cli.gym import add_parsers as add_gym_parsers  # import-gym, export-gym
+from chainrows.cli.pack import COMMANDS as PACK_COMMANDS  # argparse only, no heavy imports
+from chainrows.cli.pack import add_parser as add_pack_parser  # pack
 from chainrows.cli.stdout import StdoutError, detach_stdout, print_summary
 
 DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
@@ -137,6 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     add_gym_parsers(sub)
     add_calls_parser(sub)
+    add_pack_parser(sub)
 
     st = sub.add_parser("stats", help="what a dataset holds, and what cc (linear and forest plan) recovers "
                                       "over ordinary capture",
@@ -347,6 +350,7 @@ COMMANDS = {"reassemble": cmd_reassemble, "synth": cmd_synth, "import-jsonl": cm
             "stats": cmd_stats}
 COMMANDS.update(GYM_COMMANDS)
 COMMANDS.update(CALLS_COMMANDS)
+COMMANDS.update(PACK_COMMANDS)
 
 
 
