@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from chainrows.batches.binpack import deal_bins, plan_bins
@@ -59,9 +61,10 @@ class PackStats:
 
 
 def rows_source(rows) -> list:
-    """The units of a rows table: ``(ParquetFile, row_group)`` per row group of the Parquet
-    files of ``rows`` (an output directory holding ``rows/`` or ``rows.parquet``, a rows
-    directory, or a file), or slices of an Arrow table. Missing columns: InputError."""
+    """The units of a rows table, in file order: ``(path, row_group, num_rows)`` per non-empty
+    row group of the Parquet files of ``rows`` (an output directory holding ``rows/`` or
+    ``rows.parquet``, a rows directory, or a file), or slices of an Arrow table. Unreadable
+    files and missing columns: InputError."""
     if isinstance(rows, pa.Table):
         _check_columns(rows.schema.names, "the rows table")
         return [rows.slice(i, _TABLE_UNIT) for i in range(0, rows.num_rows, _TABLE_UNIT)]
@@ -71,14 +74,20 @@ def rows_source(rows) -> list:
     elif p.is_dir() and (p / "rows.parquet").is_file():
         p = p / "rows.parquet"
     try:
-        files = [pq.ParquetFile(f) for f in rows_files(p)]
+        paths = rows_files(p)
     except FileNotFoundError:
         raise InputError("no rows table there", table="rows", file=p) from None
-    except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"not a readable Parquet file: {exc}", table="rows", directory=p) from None
-    for f, path in zip(files, rows_files(p)):
-        _check_columns(f.schema_arrow.names, str(path))
-    return [(f, g) for f in files for g in range(f.num_row_groups) if f.metadata.row_group(g).num_rows]
+    units = []
+    for path in paths:
+        try:
+            meta = pq.read_metadata(path)
+            names = pq.read_schema(path).names
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"not a readable Parquet file: {exc}", table="rows", file=path) from None
+        _check_columns(names, str(path))
+        units += [(str(path), g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)
+                  if meta.row_group(g).num_rows]
+    return units
 
 
 def _check_columns(names, where: str) -> None:
@@ -89,7 +98,7 @@ def _check_columns(names, where: str) -> None:
 
 
 def _unit_rows(unit) -> int:
-    return unit.num_rows if isinstance(unit, pa.Table) else unit[0].metadata.row_group(unit[1]).num_rows
+    return unit.num_rows if isinstance(unit, pa.Table) else unit[2]
 
 
 def _windows(units: list, window: int) -> list[list]:
@@ -111,16 +120,20 @@ def _windows(units: list, window: int) -> list[list]:
 
 
 def _read(units: list, columns: list[str]) -> pa.Table:
-    """A window's rows: the row groups of each file read in one call (Arrow decodes them on its
-    threads), files in the order they first appear in ``units``, groups in ``units`` order."""
+    """A window's rows, in ``units`` order: its row groups read as one Arrow dataset (decoded on
+    Arrow's threads, reads pre-buffered, as ``pyarrow.parquet.read_table`` does)."""
     if isinstance(units[0], pa.Table):
         tables = [u.select(columns) for u in units]
-    else:
-        groups: dict[int, tuple] = {}
-        for f, g in units:
-            groups.setdefault(id(f), (f, []))[1].append(g)
-        tables = [f.read_row_groups(gs, columns=columns) for f, gs in groups.values()]
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    fs = pafs.LocalFileSystem()
+    fmt = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True))
+    frags = [fmt.make_fragment(path, filesystem=fs, row_groups=[g]) for path, g, _ in units]
+    try:
+        schema = pq.read_schema(units[0][0])
+        return ds.FileSystemDataset(frags, schema, fmt, filesystem=fs).to_table(columns=columns, use_threads=True)
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"cannot read its row groups: {exc}", table="rows",
+                         file=units[0][0] if len(frags) == 1 else None) from None
 
 
 class PackedBatches:
@@ -149,10 +162,11 @@ class PackedBatches:
         self.window, self.long_rows, self.pad_to_max = window, long_rows, pad_to_max
         self.pad_to_multiple, self.pad_id, self.ids_dtype = pad_to_multiple, pad_id, ids_dtype
         self.units = rows_source(rows)
-        names = (rows.schema.names if isinstance(rows, pa.Table)
-                 else [n for u in self.units[:1] for n in u[0].schema_arrow.names])
-        with_lp = logprobs and "logprobs" in names and (
-            isinstance(rows, pa.Table) or all("logprobs" in u[0].schema_arrow.names for u in self.units))
+        if isinstance(rows, pa.Table):
+            with_lp = logprobs and "logprobs" in rows.schema.names
+        else:
+            paths = sorted({u[0] for u in self.units})
+            with_lp = logprobs and bool(paths) and all("logprobs" in pq.read_schema(p).names for p in paths)
         self.columns = list(_COLUMNS) + (["logprobs"] if with_lp else [])
         self.total_rows = sum(_unit_rows(u) for u in self.units)
         self.stats = PackStats(self.max_tokens)
@@ -216,12 +230,15 @@ class PackedBatches:
         dealt = deal_bins(np.array([lengths[b].sum() for b in bins], dtype=np.int64), self.world_size)
         steps = len(bins) // self.world_size
         step_order = rng.permutation(steps) if self.shuffle else np.arange(steps)
+        cols = _Window(table, lengths, self.columns)
         for rank in self.ranks:
-            mine = [bins[dealt[rank][s]] for s in step_order.tolist()]
-            batches = self._collate(table, mine, lengths)
-            for batch in batches:
+            for step in step_order.tolist():
+                rows = bins[dealt[rank][step]]
+                n = int(lengths[rows].sum())
+                width = self.max_tokens if self.pad_to_max else -(-n // self.pad_to_multiple) * self.pad_to_multiple
+                batch = cols.batch(rows, width, self.pad_id, self.ids_dtype)
                 self._count(rank, batch)
-            yield from ((rank, b) for b in batches)
+                yield rank, batch
         return table.take(pa.array(carried, type=pa.int64())) if len(carried) else None
 
     def _count(self, rank: int, batch: dict) -> None:
@@ -232,65 +249,71 @@ class PackedBatches:
         s.tokens_per_rank[rank] = s.tokens_per_rank.get(rank, 0) + batch["num_tokens"]
         s.bins_per_rank[rank] = s.bins_per_rank.get(rank, 0) + 1
 
-    def _collate(self, table: pa.Table, bins: list[np.ndarray], lengths: np.ndarray) -> list[dict]:
-        """One batch per bin, from one ``take`` of this rank's rows (bin after bin)."""
-        order = np.concatenate(bins) if bins else np.zeros(0, np.int64)
-        sub = table.take(pa.array(order, type=pa.int64()))
-        lens = lengths[order]
-        flat = {"input_ids": _values(sub, "input_ids", self.ids_dtype),
-                "loss_mask": _values(sub, "loss_mask", np.float32)}
-        if "logprobs" in self.columns:
-            flat["old_logprobs"] = _values(sub, "logprobs", np.float32)
-            if len(flat["old_logprobs"]) != len(flat["input_ids"]):
-                raise InputError("logprobs and input_ids lengths differ", table="rows", column="logprobs")
-        if len(flat["loss_mask"]) != len(flat["input_ids"]):
-            raise InputError("loss_mask and input_ids lengths differ", table="rows", column="loss_mask")
-        starts = np.cumsum(lens) - lens
-        n_tok = int(lens.sum())
-        flat["position_ids"] = np.arange(n_tok, dtype=np.int64) - np.repeat(starts, lens)
-        adv = np.nan_to_num(sub.column("advantage").to_numpy(zero_copy_only=False).astype(np.float32))
-        flat["advantages"] = np.repeat(adv, lens) * flat["loss_mask"]
-        weight = np.nan_to_num(sub.column("weight").to_numpy(zero_copy_only=False).astype(np.float32))
-        flat["weights"] = np.repeat(weight, lens)
-        row_ids = sub.column("row_id").to_pylist()
-        rollout_ids = sub.column("rollout_id").to_pylist()
-        out, row0, tok0 = [], 0, 0
-        for b in bins:
-            blens = lens[row0:row0 + len(b)]
-            n = int(blens.sum())
-            out.append(self._batch(flat, tok0, n, blens, row_ids[row0:row0 + len(b)],
-                                   rollout_ids[row0:row0 + len(b)]))
-            row0, tok0 = row0 + len(b), tok0 + n
+
+class _Window:
+    """A window's columns as numpy, each row addressed by (chunk, start) in every list column,
+    so that a bin is filled by one slice copy per row and column (memcpy speed; no per-token
+    index arrays, no Arrow ``take``)."""
+
+    def __init__(self, table: pa.Table, lengths: np.ndarray, columns: list[str]):
+        self.lengths = lengths.tolist()
+        self.lists = {}
+        for name in ("input_ids", "loss_mask", "logprobs"):
+            if name not in columns:
+                continue
+            values, chunk, start, lens = [], [], [], []
+            for k, ch in enumerate(table.column(name).chunks):
+                offsets = ch.offsets.to_numpy()
+                values.append(ch.values.to_numpy(zero_copy_only=False))
+                chunk.append(np.full(len(ch), k, dtype=np.int64))
+                start.append(offsets[:-1].astype(np.int64))
+                lens.append(np.diff(offsets))
+            lens = np.concatenate(lens) if lens else np.zeros(0, np.int64)
+            bad = np.flatnonzero(lens != lengths)
+            if len(bad):
+                rid = table.column("row_id")[int(bad[0])].as_py()
+                raise InputError(f"row {rid!r}: {name} has {int(lens[bad[0]])} values, input_ids "
+                                 f"{int(lengths[bad[0]])}", table="rows", column=name)
+            self.lists[name] = (values, np.concatenate(chunk).tolist(), np.concatenate(start).tolist())
+        self.advantage = np.nan_to_num(table.column("advantage").to_numpy(zero_copy_only=False)
+                                       .astype(np.float32)).tolist()
+        self.weight = np.nan_to_num(table.column("weight").to_numpy(zero_copy_only=False)
+                                    .astype(np.float32)).tolist()
+        self.row_ids = table.column("row_id")
+        self.rollout_ids = table.column("rollout_id")
+        self.steps = np.arange(max(lengths.max(initial=0), 1), dtype=np.int64)
+
+    def batch(self, rows: np.ndarray, width: int, pad_id: int, ids_dtype) -> dict:
+        """The batch of ``rows`` (window positions, in order), padded to ``width``."""
+        out = {"input_ids": np.full(width, pad_id, dtype=ids_dtype),
+               "position_ids": np.zeros(width, dtype=np.int64),
+               "loss_mask": np.zeros(width, dtype=np.float32)}
+        if "logprobs" in self.lists:
+            out["old_logprobs"] = np.zeros(width, dtype=np.float32)
+        out["advantages"] = np.zeros(width, dtype=np.float32)
+        out["weights"] = np.zeros(width, dtype=np.float32)
+        copies = [(out[dst], *self.lists[src]) for dst, src in (("input_ids", "input_ids"), ("loss_mask", "loss_mask"),
+                                                               ("old_logprobs", "logprobs")) if src in self.lists]
+        pos, mask, adv, weights, steps = (out["position_ids"], out["loss_mask"], out["advantages"],
+                                          out["weights"], self.steps)
+        rows = rows.tolist()
+        cu = np.zeros(len(rows) + 1, dtype=np.int32)
+        s = 0
+        for i, r in enumerate(rows):
+            n = self.lengths[r]
+            e = s + n
+            for dst, values, chunk, start in copies:
+                a = start[r]
+                dst[s:e] = values[chunk[r]][a:a + n]
+            pos[s:e] = steps[:n]
+            np.multiply(mask[s:e], self.advantage[r], out=adv[s:e])
+            weights[s:e] = self.weight[r]
+            cu[i + 1] = e
+            s = e
+        take = pa.array(rows, type=pa.int64())
+        out.update(cu_seqlens=cu, max_seqlen=max((self.lengths[r] for r in rows), default=0), num_tokens=s,
+                   row_ids=self.row_ids.take(take).to_pylist(), rollout_ids=self.rollout_ids.take(take).to_pylist())
         return out
-
-    def _batch(self, flat: dict, start: int, n: int, blens: np.ndarray, row_ids: list,
-               rollout_ids: list) -> dict:
-        width = self.max_tokens if self.pad_to_max else -(-n // self.pad_to_multiple) * self.pad_to_multiple
-        fills = {"input_ids": self.pad_id}
-        out = {}
-        for name, values in flat.items():
-            part = values[start:start + n]
-            if width > n:
-                padded = np.full(width, fills.get(name, 0), dtype=values.dtype)
-                padded[:n] = part
-                part = padded
-            out[name] = part
-        cu = np.zeros(len(blens) + 1, dtype=np.int32)
-        np.cumsum(blens, out=cu[1:])
-        out["cu_seqlens"] = cu
-        out["max_seqlen"] = int(blens.max()) if len(blens) else 0
-        out["num_tokens"] = n
-        out["row_ids"] = row_ids
-        out["rollout_ids"] = rollout_ids
-        return out
-
-
-def _values(table: pa.Table, name: str, dtype) -> np.ndarray:
-    """The flat values of a list column as a writable numpy array of ``dtype`` (one copy)."""
-    col = table.column(name)
-    col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
-    return values.astype(dtype, copy=True)
 
 
 def iter_packed(rows: str | os.PathLike | pa.Table, *, max_tokens: int, seed: int = 0,
