@@ -26,12 +26,13 @@ def plan_bins(lengths: np.ndarray, capacity: int, multiple: int = 1) -> list[np.
     positions (into ``lengths``), longest item first.
 
     Items go longest first (ties in the given order, so a caller shuffles to break ties at
-    random) into the least loaded bin (LPT), starting from the fewest bins the total allows,
-    rounded up to ``multiple``, and adding ``multiple`` bins on failure; bins come out balanced.
-    Never more bins than first-fit decreasing rounded up to ``multiple``: after three failed
-    counts, FFD's own count is tried, and FFD's bins are used when LPT still fails there
-    (spread into the extra bins one smallest item at a time). A bin is empty only when there
-    are fewer items than bins. Deterministic: the result depends only on the arguments.
+    random) into the least loaded bin (LPT), with the fewest bins the total allows, rounded up
+    to ``multiple``; bins come out balanced. When that fails, first-fit decreasing (FFD) is
+    run, and LPT tried again with ``multiple`` and ``2 * multiple`` more bins, then with FFD's
+    count rounded up; when all fail, FFD's own bins are used (spread into the extra bins one
+    smallest item at a time). So never more bins than FFD rounded up to ``multiple``. A bin is
+    empty only when there are fewer items than bins. Deterministic: the result depends only on
+    the arguments.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
@@ -42,29 +43,29 @@ def plan_bins(lengths: np.ndarray, capacity: int, multiple: int = 1) -> list[np.
     order = np.argsort(-lengths, kind="stable")
     sizes = lengths[order].tolist()
     k = _round_up(max(-(-int(lengths.sum()) // capacity), 1), multiple)
-    for _ in range(3):
-        bins = _lpt(sizes, capacity, k)
-        if bins is not None:
-            return [order[np.asarray(b, dtype=np.int64)] for b in bins]
-        k += multiple
-    ffd = first_fit_decreasing(sizes, capacity)
-    k_ffd = _round_up(len(ffd), multiple)
-    bins = _lpt(sizes, capacity, k_ffd) if k_ffd >= k else None
+    bins = _lpt(sizes, capacity, k)
     if bins is None:
-        bins = _spread(ffd, k_ffd)
+        ffd = first_fit_decreasing(sizes, capacity)
+        k_ffd = _round_up(len(ffd), multiple)
+        for tried in sorted({min(k + multiple, k_ffd), min(k + 2 * multiple, k_ffd), k_ffd} - {k}):
+            bins = _lpt(sizes, capacity, tried)
+            if bins is not None:
+                break
+        if bins is None:
+            bins = _spread(ffd, k_ffd)
     return [order[np.asarray(b, dtype=np.int64)] for b in bins]
 
 
 def _lpt(sizes: list[int], capacity: int, k: int) -> list[list[int]] | None:
-    """Each item (sizes sorted descending) into the least loaded of ``k`` bins (lowest index
-    on ties); None when an item fits in none."""
-    heap = [(0, b) for b in range(k)]
+    """Each item (sizes sorted descending) into the least loaded of ``k`` bins (then the one
+    with fewest items, then the lowest index); None when an item fits in none."""
+    heap = [(0, 0, b) for b in range(k)]
     bins: list[list[int]] = [[] for _ in range(k)]
     for i, s in enumerate(sizes):
-        load, b = heap[0]
+        load, count, b = heap[0]
         if load + s > capacity:
             return None
-        heapq.heapreplace(heap, (load + s, b))
+        heapq.heapreplace(heap, (load + s, count + 1, b))
         bins[b].append(i)
     return bins
 

@@ -158,6 +158,12 @@ def test_torch_takes_every_array_without_a_copy():
     assert torch.from_numpy(b["cu_seqlens"]).dtype == torch.int32
 
 
+def test_plan_bins_spreads_empty_items_and_beats_a_tight_lpt():
+    assert [len(b) for b in plan_bins(np.zeros(4, np.int64), 10, 2)] == [2, 2]
+    # LPT fails at 2 bins (45, 45 | 28, 28 | 28 left over); FFD fits 2: plan_bins takes FFD's
+    assert len(plan_bins(np.array([28, 28, 28, 45, 45]), 100)) == 2
+
+
 @settings(max_examples=examples(1))
 @given(st.lists(st.integers(0, 100), max_size=60), st.integers(100, 250), st.integers(1, 6))
 def test_plan_bins_against_first_fit_decreasing(sizes, capacity, multiple):
