@@ -98,12 +98,12 @@ def test_ranks_balanced_and_reshuffled_per_seed(tmp_path):
     """A directory of several files and row groups: ranks take the same number of steps with
     token totals within one batch of each other; another seed gives another order, the same
     seed the same; the fill is at least 95 % on an agent length mix."""
-    lengths = agent_lengths(1500, 7, median=800, longest=8192)
-    for k, part in enumerate(np.array_split(np.arange(1500), 3)):
+    lengths = agent_lengths(900, 7, median=500, longest=4096)
+    for k, part in enumerate(np.array_split(np.arange(900), 3)):
         pq.write_table(rows_table(lengths[part], k, start=10_000 * k), tmp_path / f"part-{k}.parquet",
-                       row_group_size=100)
+                       row_group_size=60)
     world = 4
-    budget = 8192
+    budget = 4096
     for seed in (0, 1):
         packed = [iter_packed(tmp_path, max_tokens=budget, seed=seed, rank=r, world_size=world) for r in range(world)]
         batches = [list(p) for p in packed]
