@@ -178,8 +178,9 @@ class PackedBatches:
 
     def with_ranks(self) -> Iterator[tuple[int, dict]]:
         """``(rank, batch)`` for every step of every rank asked for, window by window; within a
-        window, step by step, the ranks in the order given. The next window is read on a helper
-        thread while this one is packed (so about two windows are held at once)."""
+        window, rank by rank in the order given, each rank's batches in step order. The next
+        window is read on a helper thread while this one is packed (so about two windows are
+        held at once)."""
         self.stats = PackStats(self.max_tokens)
         rng = np.random.default_rng(self.seed)
         units = list(self.units)
