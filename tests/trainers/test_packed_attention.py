@@ -65,7 +65,7 @@ def pg_token_loss(lp, old, adv):
 
 @pytest.fixture(scope="module")
 def rows():
-    lengths = np.random.default_rng(5).integers(4, 120, 40)
+    lengths = np.random.default_rng(5).integers(4, 120, 24)
     return rows_table(lengths, 5)
 
 
