@@ -340,8 +340,8 @@ def iter_packed(rows: str | os.PathLike | pa.Table, *, max_tokens: int, seed: in
     and counted in ``.stats.dropped_rows``.
 
     Data parallel: every rank of ``world_size`` gets disjoint bins, the same number of bins
-    (steps) per window and so per pass, with token totals within one bin of each other; over
-    the ranks every row appears exactly once. A window's bins beyond a multiple of
+    (steps) per window and so per pass, each window's token totals within one bin of each
+    other; over the ranks every row appears exactly once. A window's bins beyond a multiple of
     ``world_size`` (its least loaded) are repacked with the next window's rows. A rank receives
     a batch without rows only when the last window holds fewer rows than ``world_size``. ``seed`` (pass the epoch) draws the row
     group order, the tie order of equal-length rows and the step order; the same arguments
