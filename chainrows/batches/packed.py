@@ -343,9 +343,9 @@ def iter_packed(rows: str | os.PathLike | pa.Table, *, max_tokens: int, seed: in
     (steps) per window and so per pass, each window's token totals within one bin of each
     other; over the ranks every row appears exactly once. A window's bins beyond a multiple of
     ``world_size`` (its least loaded) are repacked with the next window's rows. A rank receives
-    a batch without rows only when the last window holds fewer rows than ``world_size``. ``seed`` (pass the epoch) draws the row
-    group order, the tie order of equal-length rows and the step order; the same arguments
-    give the same batches on any machine. ``shuffle=False``: file order, steps in packing
+    a batch without rows only when the last window holds fewer rows than ``world_size``.
+    ``seed`` (pass the epoch) draws the row group order, the tie order of equal-length rows
+    and the step order; the same arguments give the same batches on any machine. ``shuffle=False``: file order, steps in packing
     order. ``window``: rows packed together (more rows, fuller bins and more memory; about two
     windows are held at once).
     """
