@@ -57,4 +57,4 @@ def test_build_ships_py_typed_and_main(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert (lib / "chainrows" / "py.typed").is_file()
     assert (lib / "chainrows" / "__main__.py").is_file()
-    assert (lib / "chainrows" / "batches.py").is_file()
+    assert (lib / "chainrows" / "batches" / "packed.py").is_file()

@@ -1,4 +1,4 @@
-"""The ``chainrows`` command line: reassemble, synth, import-jsonl, import-calls, import-gym, export-gym, stats.
+"""The ``chainrows`` command line: reassemble, synth, import-jsonl, import-calls, import-gym, export-gym, stats, pack.
 
 Exit codes: 0 ran (masked rollouts included), 2 unusable input or bad arguments, 1 an internal
 error or the machine out of memory or disk (one line; set CHAINROWS_DEBUG=1 for the traceback;
@@ -42,6 +42,8 @@ from chainrows.cli.explain import COMMANDS as EXPLAIN_COMMANDS  # argparse only,
 from chainrows.cli.explain import add_parsers as add_explain_parsers  # explain, inspect
 from chainrows.cli.gym import COMMANDS as GYM_COMMANDS  # argparse only, no heavy imports
 from chainrows.cli.gym import add_parsers as add_gym_parsers  # import-gym, export-gym
+from chainrows.cli.pack import COMMANDS as PACK_COMMANDS  # argparse only, no heavy imports
+from chainrows.cli.pack import add_parser as add_pack_parser  # pack
 from chainrows.cli.stdout import StdoutError, detach_stdout, print_summary
 
 DESCRIPTION = "Turn captured LLM-agent model calls into token-exact RL training rows."
@@ -142,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     add_gym_parsers(sub)
     add_calls_parser(sub)
     add_explain_parsers(sub)
+    add_pack_parser(sub)
 
     st = sub.add_parser("stats", help="what a dataset holds, and what cc (linear and forest plan) recovers "
                                       "over ordinary capture",
@@ -333,6 +336,7 @@ COMMANDS = {"reassemble": cmd_reassemble, "synth": cmd_synth, "import-jsonl": cm
 COMMANDS.update(GYM_COMMANDS)
 COMMANDS.update(CALLS_COMMANDS)
 COMMANDS.update(EXPLAIN_COMMANDS)
+COMMANDS.update(PACK_COMMANDS)
 
 
 

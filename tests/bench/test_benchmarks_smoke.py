@@ -147,7 +147,8 @@ def _undescribed(help_text: str) -> list[str]:
 
 
 def test_benchmark_scripts_are_found():
-    assert {"bulk_shapes", "gym", "import_calls", "per_call_floor", "ray_bench", "shapes", "side_by_side"} <= set(SCRIPTS)
+    assert {"bulk_shapes", "gym", "import_calls", "packing", "per_call_floor", "ray_bench", "shapes",
+            "side_by_side"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -308,6 +309,21 @@ def test_import_calls_benchmark_prints_its_ratios(tmp_path, capsys):
         bench.time_import("parquet")
     finally:
         bench.teardown("parquet")
+
+
+def test_packing_benchmark_prints_its_ratio_and_fill(capsys):
+    """``python -m asv_benchmarks.packing`` on a tiny rows directory: the fill, both runs with
+    their peaks, the ratio; and the asv class's setup and one call of each."""
+    from asv_benchmarks import packing
+
+    assert packing.main(["--gb", "0.003", "--repeats", "1", "--max-tokens", "16384", "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    fill = float(out.split("fill ", 1)[1].split("%")[0])
+    assert 50 < fill <= 100 and "iter_packed" in out and "pyarrow read" in out and "ratio" in out
+    bench = packing.IterPacked()
+    bench.setup(4)
+    bench.time_iter_packed(4)
+    bench.time_pyarrow_floor(4)
 
 
 def test_call_logs_have_the_habits_they_claim(tmp_path):

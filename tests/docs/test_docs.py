@@ -144,20 +144,21 @@ def test_trainers_loss_snippet_runs_on_real_batches(tmp_path):
     pq.write_table(rows.slice(0, 5), tmp_path / "OUT" / "rows" / "part-00000000.parquet")
     pq.write_table(rows.slice(5), tmp_path / "OUT" / "rows" / "part-00000001.parquet")
     blocks = marked_blocks(DOCS / "trainers.md")
-    assert set(blocks) == {"numpy-loss"}
-    ns: dict = {}
+    assert set(blocks) == {"numpy-loss", "packed-loss"}  # padded, and packed with cu_seqlens
     import os
 
-    cwd = os.getcwd()
-    try:
-        os.chdir(tmp_path)
-        exec(blocks["numpy-loss"], ns)
-    finally:
-        os.chdir(cwd)
     # With new == old logprobs the ratio is 1: the loss is -sum(weight * advantage) / rollouts.
     expected = -sum(r["weight"] * r["advantage"] for r in rows.to_pylist()) / len(
         set(rows.column("rollout_id").to_pylist()))
-    assert ns["loss"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    cwd = os.getcwd()
+    for name, block in blocks.items():
+        ns: dict = {}
+        try:
+            os.chdir(tmp_path)
+            exec(block, ns)
+        finally:
+            os.chdir(cwd)
+        assert ns["loss"] == pytest.approx(expected, rel=1e-5, abs=1e-6), name
 
 
 def test_python_dash_m_chainrows():
