@@ -93,7 +93,8 @@ def rows_source(rows) -> list:
 def _check_columns(names, where: str) -> None:
     missing = [c for c in _COLUMNS if c not in names]
     if missing:
-        raise InputError(f"no column {missing[0]!r} ({where} is not a rows table, SPEC §4)",
+        raise InputError(f"no column {missing[0]!r}: {where} is not the rows of a reassemble output "
+                         "(a dataset? run `chainrows reassemble DATA OUT` and pack OUT)",
                          table="rows", column=missing[0])
 
 
@@ -211,9 +212,10 @@ class PackedBatches:
         if len(keep) < len(lengths):
             long = np.flatnonzero(lengths > self.max_tokens)
             if self.long_rows == "error":
-                r = int(long[0])
-                raise InputError(f"row {table.column('row_id')[r].as_py()!r} has {int(lengths[r]):,} tokens, "
-                                 f"more than max_tokens={self.max_tokens:,} (rows are never split; "
+                r = int(long[np.argmax(lengths[long])])
+                raise InputError(f"{len(long):,} of this window's {len(lengths):,} rows are longer than "
+                                 f"max_tokens={self.max_tokens:,}, the longest {table.column('row_id')[r].as_py()!r} "
+                                 f"with {int(lengths[r]):,} tokens (rows are never split; raise max_tokens, or "
                                  f"drop such rows with long_rows='drop' / --drop-long-rows)",
                                  table="rows", column="input_ids")
             self.stats.dropped_rows += len(long)
@@ -360,7 +362,8 @@ def batches_table(batches: list[dict], steps: Iterable[int], *, logprobs: bool) 
     ``step`` (int32, the batch's step on its rank), ``input_ids`` and ``position_ids``
     (list<int32>), ``loss_mask`` (list<uint8>), ``old_logprobs`` (list<float32>, with
     ``logprobs``), ``advantages``, ``weights`` (list<float32>), ``cu_seqlens``
-    (list<int32>), ``max_seqlen``, ``num_tokens`` (int32), ``row_ids`` (list<string>)."""
+    (list<int32>), ``max_seqlen``, ``num_tokens`` (int32), ``row_ids`` and ``rollout_ids``
+    (list<string>, one per packed row)."""
     def lists(name, dtype, pa_type):
         parts = [np.asarray(b[name]).astype(dtype, copy=False) for b in batches]
         offsets = np.zeros(len(parts) + 1, dtype=np.int64)
@@ -381,4 +384,5 @@ def batches_table(batches: list[dict], steps: Iterable[int], *, logprobs: bool) 
     columns["max_seqlen"] = pa.array([b["max_seqlen"] for b in batches], type=pa.int32())
     columns["num_tokens"] = pa.array([b["num_tokens"] for b in batches], type=pa.int32())
     columns["row_ids"] = pa.array([b["row_ids"] for b in batches], type=pa.list_(pa.string()))
+    columns["rollout_ids"] = pa.array([b["rollout_ids"] for b in batches], type=pa.list_(pa.string()))
     return pa.table(columns)

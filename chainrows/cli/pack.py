@@ -100,7 +100,7 @@ def cmd_pack(a: argparse.Namespace) -> int:
 def _summary(a: argparse.Namespace, names: list[str], stats, seconds: float) -> list[str]:
     per_rank = [stats.tokens_per_rank.get(r, 0) for r in range(a.world_size)]
     lines = [f"chainrows pack {a.rows} -> {a.out}",
-             f"wrote {a.out}/rank-*/ ({a.world_size} ranks), {wrote(a.out, names[-1:])}",
+             f"wrote {a.out}/rank-*/ ({a.world_size} rank{'s' if a.world_size > 1 else ''}), {wrote(a.out, names[-1:])}",
              f"{'rows':<18} {stats.rows:,}",
              f"{'tokens':<18} {stats.tokens:,}",
              f"{'batches':<18} {stats.bins:,} ({stats.bins // a.world_size:,} steps per rank)",
@@ -110,6 +110,10 @@ def _summary(a: argparse.Namespace, names: list[str], stats, seconds: float) -> 
     if stats.dropped_rows:
         lines.append(f"{'dropped (long)':<18} {stats.dropped_rows:,} rows, {stats.dropped_tokens:,} tokens "
                      f"(longer than --max-tokens)")
+        share = stats.dropped_tokens / max(1, stats.dropped_tokens + stats.tokens)
+        if share >= 0.05:
+            lines.append(f"warning: --drop-long-rows dropped {share:.1%} of the tokens; a larger --max-tokens "
+                         "keeps them")
     lines.append(f"{'time':<18} {seconds:.2f} s")
     return lines
 

@@ -89,8 +89,9 @@ def _position_values(f: RolloutFacts, d: int, p: int) -> tuple[object, object]:
 
 
 def compare(b: Batch, f: RolloutFacts, r: int) -> dict | None:
-    """The failed check of rollout ``r`` (None when ok): ``{"check", "call_id", "position",
-    "expected", "found", "fix"}``; expected/found are None when the detail says it all."""
+    """The failed check of rollout ``r`` (None when ok): ``{"check", "call_id", "call_position",
+    "position", "expected", "found", "fix"}``: the call it names (id and capture position) or the
+    output position; expected/found are None when the detail says it all."""
     d = f.detail
     if d == 0:
         return None
@@ -109,6 +110,7 @@ def compare(b: Batch, f: RolloutFacts, r: int) -> dict | None:
     return {
         "check": reason,
         "call_id": f.calls[f.bad_call] if f.bad_call >= 0 else None,
+        "call_position": f.bad_call if f.bad_call >= 0 else None,
         "position": f.bad_pos if f.bad_pos >= 0 else None,
         "expected": expected, "found": found,
         "fix": R.FIXES.get(reason),

@@ -34,8 +34,8 @@ class Explanation(dict):
     reward, advantage, num_calls, num_selected, calls (one dict per call in capture order:
     position, call_id, parent_id, root, delta_len, gen_len, failed, items, output_positions,
     selected, why_not, chain, chains, loss_tokens), chains (call ids per chain), rows (row_id,
-    call_ids, num_tokens, loss_tokens, prompt_len, weight; a placeholder row has weight 0), failed_check (check, call_id, position,
-    expected, found, fix; None when ok)."""
+    call_ids, num_tokens, loss_tokens, prompt_len, weight; a placeholder row has weight 0),
+    failed_check (check, call_id, call_position, position, expected, found, fix; None when ok)."""
 
     def __str__(self) -> str:
         return explanation_text(self)

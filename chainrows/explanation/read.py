@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +61,7 @@ def read_for_rollouts(data: str | os.PathLike, rollout_ids: Sequence[str]) -> tu
 
     Raises InputError naming the rollout when an id is in no table of the dataset, and as the
     dataset reader does on unusable files."""
+    _not_an_output(Path(data))
     plans = {name: plan_table(data, name) for name in TABLES}
     rollouts = read_filtered(plans["rollouts"], "rollout_id", rollout_ids)
     groups = [g for g in rollouts.column("group_id").unique().to_pylist() if g is not None]
@@ -75,6 +77,14 @@ def read_for_rollouts(data: str | os.PathLike, rollout_ids: Sequence[str]) -> tu
         if rid not in seen:
             raise InputError(f"rollout {rid!r} is in no table of the dataset", directory=data)
     return ledger, tokens, rollouts
+
+
+def _not_an_output(root: Path) -> None:
+    """A reassemble output given where a dataset belongs gets a message that says so."""
+    is_output = any((root / f"{n}{ext}").exists() for n in ("report", "rows") for ext in ("", ".parquet"))
+    if is_output and not (root / "ledger.parquet").exists() and not (root / "ledger").exists():
+        raise InputError("this is a reassemble output, not a dataset: explain takes the dataset "
+                         "reassemble read (DATA of `chainrows reassemble DATA OUT`)", directory=root)
 
 
 def _union_rows(first: pa.Table, second: pa.Table) -> pa.Table:

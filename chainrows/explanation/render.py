@@ -96,6 +96,8 @@ def explanation_text(e: dict) -> str:
     lines.append(f"  mode {e['mode']}, plan {e['plan']}; {e['num_calls']} calls, {e['num_selected']} "
                  f"selected, {e['num_roots']} roots; reward {_num(e['reward'])}, advantage {_num(e['advantage'])}")
     lines.append("calls (tree; + selected, - not; capture order among siblings):")
+    if not e["calls"]:
+        lines.append("  (no calls: the rollout has no ledger rows)")
     for pos, _, prefix in tree_lines(e["calls"]):
         lines.append("  " + prefix + _call_line(e["calls"][pos], fc and fc["call_id"]))
     for k, chain in enumerate(e["chains"]):

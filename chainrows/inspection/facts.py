@@ -31,6 +31,12 @@ def read_report(out: str | os.PathLike) -> pa.Table:
                 return pq.read_table(form, columns=REPORT_COLUMNS)
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise InputError(f"unreadable report: {' '.join(str(exc).split())}", file=form) from exc
+    root = Path(out)
+    if not root.is_dir():
+        raise InputError(f"output directory {str(root)!r} does not exist or is not a directory")
+    if any((root / f"{n}{ext}").exists() for n in ("ledger", "tokens", "rollouts") for ext in ("", ".parquet")):
+        raise InputError("this is a dataset, not a reassemble output: inspect takes OUT of "
+                         "`chainrows reassemble DATA OUT` (and the dataset as --data)", directory=out)
     raise InputError("no report in the output directory (expected report.parquet or report/); "
                      "is it a reassemble output?", directory=out)
 

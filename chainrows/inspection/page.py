@@ -38,7 +38,8 @@ def provenance_section(prov: dict | None) -> str:
         return "<h2>How this output was made</h2><p>The output records no provenance (written before " \
                "chainrows recorded it, or by another tool).</p>"
     rows = [("chainrows", prov.get("chainrows")), ("command", prov.get("command"))]
-    rows += [(f"option {k}", v) for k, v in sorted((prov.get("options") or {}).items())]
+    rows += [(f"option {k}", ("yes" if v else "no") if isinstance(v, bool) else v)
+             for k, v in sorted((prov.get("options") or {}).items())]
     rows += [(f"input {k}", v) for k, v in sorted((prov.get("input") or {}).items())]
     return '<h2>How this output was made</h2><div id="provenance">' + _table(rows, ("what", "value")) + "</div>"
 

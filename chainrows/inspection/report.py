@@ -11,6 +11,8 @@ import pyarrow.compute as pc
 
 from chainrows.errors import InputError
 from chainrows.explanation import explain
+from chainrows.formats.native.dataset import TABLES, table_files
+from chainrows.formats.native.footers import input_fingerprint
 from chainrows.inspection import page as P
 from chainrows.inspection.facts import generated_tokens, group_spread, read_report, sample
 from chainrows.options import Options
@@ -25,6 +27,23 @@ def options_of(prov: dict | None) -> Options:
     recorded = (prov or {}).get("options") or {}
     names = {f.name for f in dataclasses.fields(Options)}
     return Options(**{k: v for k, v in recorded.items() if k in names})
+
+
+def check_data(data, prov: dict | None, out) -> None:
+    """Refuse a ``--data`` that is not the dataset ``out`` was made from (its recorded input
+    fingerprint differs): its token counts and call trees would describe other rollouts. An
+    output that records no input (made before outputs recorded it, or from Arrow tables) is
+    taken on trust."""
+    recorded = (prov or {}).get("input")
+    if not recorded:
+        return
+    files = [f for name in TABLES for f in table_files(data, name)]
+    found = input_fingerprint(files, data)
+    if found["fingerprint"] != recorded.get("fingerprint"):
+        raise InputError(f"--data {data} is not the dataset {out} was made from: its files' fingerprint "
+                         f"{found['fingerprint'][:12]} ({found['files']} files) differs from the one the "
+                         f"output records, {str(recorded.get('fingerprint'))[:12]} ({recorded.get('files')} "
+                         "files); pass the dataset reassemble read")
 
 
 def _counts(report) -> list[tuple[str, int]]:
@@ -89,6 +108,8 @@ def write_report(out: str | os.PathLike, html_file: str | os.PathLike, *, data=N
         raise InputError(f"{dest} exists: pass --overwrite to replace it")
     report = read_report(out)
     prov = read_provenance(out)
+    if data is not None:
+        check_data(data, prov, out)
     options = options_of(prov)
     generated = generated_tokens(data, report.column("rollout_id")) if data is not None else None
     sections = [P.provenance_section(prov), P.status_section(_counts(report), report.num_rows),

@@ -90,6 +90,20 @@ def _first_file(path: Path) -> Path | None:
     return parts[0] if parts else None
 
 
+def option_flags(options: dict) -> list[str]:
+    """The command-line flags that give ``options`` (a provenance's options), defaults left out:
+    ``["--mode", "ordinary", "--no-std"]``."""
+    defaults = Options().to_json()  # in the fields' order, whatever order ``options`` has
+    flags: list[str] = []
+    for key in defaults:
+        value = options.get(key, defaults[key])
+        if value == defaults[key]:
+            continue
+        flag = "--" + key.replace("_", "-")
+        flags += [flag] if value is True else [] if value is False else [flag, str(value)]
+    return flags
+
+
 def describe(prov: dict | None) -> str:
     """One line for people: ``mode cc, plan linear, ..., input 3 files 1.2 MB fingerprint
     0123456789ab`` (``input Arrow tables`` without an input record); a version other than this
@@ -103,9 +117,10 @@ def describe(prov: dict | None) -> str:
             (k, v) for k, v in options.items() if k not in order):
         name = key.replace("_", " ")
         if isinstance(value, bool):
-            if name.startswith("no "):
-                name, value = name[3:], not value
-            parts.append(name if value else f"no {name}")
+            if name == "no std":
+                parts.append("advantage not divided by the std" if value else "advantage divided by the std")
+            else:
+                parts.append(name if value else f"no {name}")
         else:
             parts.append(f"{name} {value}")
     inp = prov.get("input")

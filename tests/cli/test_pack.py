@@ -42,7 +42,7 @@ def test_each_rank_gets_its_batches_and_every_row_once(out, tmp_path, capsys):
         counts.add(t.num_rows)
         assert t["step"].to_pylist() == list(range(t.num_rows))
         for got, want in zip(t.to_pylist(), expected):
-            assert got["row_ids"] == want["row_ids"]
+            assert got["row_ids"] == want["row_ids"] and got["rollout_ids"] == want["rollout_ids"]
             assert got["input_ids"] == want["input_ids"].tolist()
             assert got["cu_seqlens"] == want["cu_seqlens"].tolist()
             assert got["position_ids"] == want["position_ids"].tolist()
@@ -62,15 +62,25 @@ def test_a_long_row_exits_2_with_nothing_written_or_is_dropped(out, tmp_path, ca
     packed = tmp_path / "packed"
     assert main(["pack", str(out), str(packed), "--max-tokens", "1000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "more than max_tokens=1,000" in err[0] and "--drop-long-rows" in err[0]
+    assert len(err) == 1 and "longer than max_tokens=1,000, the longest" in err[0] and "--drop-long-rows" in err[0]
     assert not packed.exists()
     assert main(["pack", str(out), str(packed), "--max-tokens", "1000", "--drop-long-rows", "--pad-to-max"]) == 0
     text = capsys.readouterr().out
     dropped = int(text.split("dropped (long)", 1)[1].split("rows")[0].replace(",", ""))
     lengths = [len(x) for x in pq.read_table(out / "rows", columns=["input_ids"])["input_ids"].to_pylist()]
     assert dropped == sum(n > 1000 for n in lengths) > 0
+    share = sum(n for n in lengths if n > 1000) / sum(lengths)
+    assert ("warning: --drop-long-rows dropped" in text) == (share >= 0.05)
     t = pq.read_table(packed / "rank-00000")
     assert {len(x) for x in t["input_ids"].to_pylist()} == {1000}
+
+
+def test_a_dataset_instead_of_an_output_says_so(tmp_path, capsys):
+    assert main(["synth", str(tmp_path / "data"), "--rollouts", "5", "--seed", "1"]) == 0
+    capsys.readouterr()
+    assert main(["pack", str(tmp_path / "data"), str(tmp_path / "packed"), "--max-tokens", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert "is not the rows of a reassemble output" in err and err.count("\n") == 1
 
 
 def test_no_rows_table_exits_2(tmp_path, capsys):

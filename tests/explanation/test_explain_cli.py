@@ -12,6 +12,7 @@ from chainrows import reassemble
 from chainrows.cli import main
 from chainrows.explanation.read import read_filtered
 from chainrows.formats.native.dataset import plan_table
+from chainrows.outdir.provenance import option_flags
 from chainrows.reasons import FIXES, REASONS
 from tests.support.paths import REPO
 
@@ -94,3 +95,13 @@ def test_every_fix_is_its_docs_paragraph():
         paragraph = " ".join(section.split("**Fix.** ", 1)[1].split("\n\n", 1)[0].split())
         paragraph = re.sub(r"\[`?([^\]`]+)`?\]\(([^)#]+)(#[^)]*)?\)", lambda m: "docs/" + m.group(2), paragraph)
         assert fix == paragraph, code
+
+
+def test_the_flags_a_summary_suggests_are_explains(data, capsys):
+    """The untrained-tokens warning suggests ``chainrows explain DATA ROLLOUT_ID`` with the run's
+    options as flags (chainrows.outdir.provenance.option_flags): explain takes every one."""
+    flags = option_flags({"mode": "ordinary", "plan": "linear", "placeholders": True, "baseline": "loo",
+                          "no_std": True, "baseline_population": "ok", "row_weight": "row"})
+    capsys.readouterr()
+    assert main(["explain", str(data), "r00000001", *flags, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mode"] == "ordinary"

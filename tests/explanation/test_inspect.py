@@ -96,3 +96,21 @@ def test_a_real_browser_renders_the_page(made, tmp_path):
     png = browser.screenshot(page, tmp_path / "profile", tmp_path / "page.png")
     pixels = np.asarray(Image.open(png).convert("L"), dtype=np.float64)
     assert pixels.std() > 10 and len(np.unique(pixels)) > 20, "the screenshot is blank"
+
+
+def test_data_other_than_the_outputs_input_exits_2(made, tmp_path, capsys):
+    data, out, page = made
+    other = tmp_path / "other"
+    assert main(["synth", str(other), "--rollouts", "20", "--seed", "9"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--data", str(other), "--html", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err
+    assert "is not the dataset" in err and err.count("\n") == 1 and not (tmp_path / "x.html").exists()
+
+
+def test_a_dataset_where_the_output_belongs_exits_2_saying_so(made, tmp_path, capsys):
+    data, out, page = made
+    assert main(["inspect", str(data), "--html", str(tmp_path / "x.html")]) == 2
+    assert "this is a dataset, not a reassemble output" in capsys.readouterr().err
+    assert main(["explain", str(out), "r00000001"]) == 2
+    assert "this is a reassemble output, not a dataset" in capsys.readouterr().err

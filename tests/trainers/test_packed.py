@@ -132,7 +132,7 @@ def test_an_output_directory_and_a_rows_file_are_read(tmp_path):
 
 def test_a_row_longer_than_the_budget_is_an_error_or_dropped_and_counted():
     table = rows_table([100, 900, 50, 1200], 1)
-    with pytest.raises(InputError, match=r"row 'r\d+_s\d' has 1,200 tokens, more than max_tokens=1,000"):
+    with pytest.raises(InputError, match=r"1 of this window's 4 rows are longer than max_tokens=1,000, the longest 'r\d+_s\d' with 1,200 tokens"):
         list(iter_packed(table, max_tokens=1000))
     packed = iter_packed(table, max_tokens=1000, long_rows="drop")
     ids = [r for b in packed for r in b["row_ids"]]

@@ -111,7 +111,7 @@ def run(dataset_dir, out_dir, options: Options = Options(), *, memory_budget: in
                                                  route.batches, route.resident))
     summary = Summary(input_bytes=sum(t.stored for t in sizes.values()), decoded_bytes=decoded, path=route.path,
                       why=route.why, batches=route.batches, compile_seconds=footprint.compile_seconds,
-                      budget=memory_budget, provenance=provenance(dataset_dir, options))
+                      budget=memory_budget, provenance=provenance(dataset_dir, options), dataset=str(dataset_dir))
     Progress.say(f"path: {summary.path_text()}", enabled=progress)
     decide = lambda ledger, tokens, rollouts: reassemble(ledger, tokens, rollouts, options)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)

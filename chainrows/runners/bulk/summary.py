@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chainrows.api import Result
-from chainrows.outdir.provenance import describe
+from chainrows.outdir.provenance import describe, option_flags
 from chainrows.progress import human_bytes
 
 UNTRAINED_WARN_SHARE = 0.05  # of the ok rollouts' generated tokens, untrained: the summary warns
@@ -56,6 +56,7 @@ class Summary:
     compile_seconds: float = 0.0
     seconds: float = 0.0
     provenance: dict | None = None
+    dataset: str | None = None  # the input's path as given, for the commands the summary suggests
 
     def add(self, result: Result) -> None:
         """Count one reassembled batch."""
@@ -144,9 +145,15 @@ class Summary:
         return self.untrained_tokens / self.generated_tokens if self.generated_tokens else 0.0
 
     def untrained_warning(self) -> str | None:
-        """The warning line when ``untrained_share`` is at least UNTRAINED_WARN_SHARE, else None."""
+        """The warning line when ``untrained_share`` is at least UNTRAINED_WARN_SHARE, else None:
+        the share, what such calls usually are, and the ``explain`` command (with the run's
+        options) that shows them."""
         if self.untrained_tokens <= 0 or self.untrained_share() < UNTRAINED_WARN_SHARE:
             return None
+        command = " ".join(["chainrows explain", self.dataset or "DATA", "ROLLOUT_ID",
+                            *option_flags((self.provenance or {}).get("options") or {})])
         return (f"warning: {self.untrained_share():.1%} of the ok rollouts' generated tokens "
                 f"({self.untrained_tokens:,} of {self.generated_tokens:,}) are in no row: calls the "
-                "agent's final output does not contain; see why with: chainrows explain DATA ROLLOUT_ID")
+                "agent's final output does not contain (rejected retries, sub-agent work it did not "
+                "return; expected when the harness retries); see which with: "
+                f"{command} (a rollout whose report row has num_selected < num_calls)")

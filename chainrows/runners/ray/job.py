@@ -82,7 +82,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
             raise
     summary = Summary(input_bytes=sizes.stored, decoded_bytes=sizes.decoded, path="ray", batches=n,
                       why=f"{n:,} decide tasks on {'a local Ray' if address is None else address}",
-                      provenance=prov)
+                      provenance=prov, dataset=str(dataset))
     for r in got:
         summary.merge(Summary.from_counts(r["counts"]))
     if records is not None:

@@ -19,7 +19,7 @@ from chainrows.api import run_tables
 from chainrows.errors import InputError
 from chainrows.formats.native.dataset import TABLES, read_dataset, table_files
 from chainrows.options import Options
-from chainrows.outdir.provenance import PROVENANCE_KEY, describe, provenance_of, read_provenance
+from chainrows.outdir.provenance import PROVENANCE_KEY, describe, option_flags, provenance_of, read_provenance
 from chainrows.runners import bulk
 from chainrows.runners.bulk.summary import UNTRAINED_WARN_SHARE, Summary
 from chainrows.synth.writer import write_synth_dataset
@@ -67,7 +67,9 @@ def test_every_output_file_records_the_version_the_options_and_the_input(data, t
     assert len(prov["input"]["fingerprint"]) == 32
     assert read_provenance(tmp_path / "out") == prov
     text = describe(prov)
-    assert "mode ordinary" in text and "placeholders" in text and "no std" in text
+    assert "mode ordinary" in text and "placeholders" in text and "not divided by the std" in text
+    assert option_flags(prov["options"]) == ["--mode", "ordinary", "--placeholders", "--baseline", "loo",
+                                             "--no-std", "--baseline-population", "ok", "--row-weight", "row"]
     assert prov["input"]["fingerprint"][:12] in text
 
 
@@ -159,7 +161,7 @@ def test_untrained_tokens_are_counted_on_every_route_and_warned_about(data, ref,
         summary = ref[1] if route is None else bulk.run(data, tmp_path / f"r{i}", route=route)
         assert (summary.generated_tokens, summary.untrained_tokens) == (generated, untrained)
         assert f"{untrained:,} of {generated:,}" in summary.format()
-        assert "chainrows explain DATA ROLLOUT_ID" in summary.format()
+        assert f"chainrows explain {data} ROLLOUT_ID" in summary.format()
     result = chainrows.reassemble(data)
     assert (result.generated_tokens, result.untrained_tokens) == (generated, untrained)
 
@@ -185,5 +187,5 @@ def test_cli_summary_shows_how_it_was_made_and_the_warning(cli, data, tmp_path):
     made = [line for line in res.stdout.splitlines() if line.startswith("made with")]
     assert len(made) == 1 and "mode ordinary" in made[0]
     assert "input 3 files" in made[0] and prov["input"]["fingerprint"][:12] in made[0]
-    assert "chainrows explain DATA ROLLOUT_ID" in res.stdout.splitlines()[-1]
+    assert f"chainrows explain {data} ROLLOUT_ID --mode ordinary" in res.stdout.splitlines()[-1]
     assert os.path.basename(str(data)) not in made[0]  # no paths in it
