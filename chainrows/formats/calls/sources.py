@@ -22,6 +22,7 @@ from chainrows.engine.threads import inherit_threads, wait_out
 from chainrows.errors import InputError
 from chainrows.formats.calls.arrow_input import TABLE, check_columns, records_from_table
 from chainrows.formats.calls.jsonl import read_jsonl
+from chainrows.formats.native.guard import check_footer
 
 READ_BUFFER = 4 << 20  # bytes of a column chunk read at a time
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -139,6 +140,7 @@ def parquet_tables(file: Path, chunk_bytes: int, scan_bytes: int = 0) -> Iterato
         pf = pq.ParquetFile(file, buffer_size=READ_BUFFER, pre_buffer=False)
         columns = check_columns(pf.schema_arrow, file)
         meta = pf.metadata
+        _check_footer(file, meta)
         rows = max(1, chunk_bytes * max(meta.num_rows, 1) // max(decoded_bytes(meta), 1))
         largest = max((decoded_bytes(meta, [g]) for g in range(meta.num_row_groups)), default=0)
         threads = pa.cpu_count() > 1
@@ -155,6 +157,16 @@ def parquet_tables(file: Path, chunk_bytes: int, scan_bytes: int = 0) -> Iterato
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"cannot read Parquet file: {' '.join(str(exc).split())}", table=TABLE,
                          file=file) from exc
+
+
+def _check_footer(file: Path, meta: pq.FileMetaData) -> None:
+    """InputError when the footer has a field pyarrow's metadata accessors abort on
+    (:func:`chainrows.formats.native.guard.check_footer`), before :func:`decoded_bytes` reads it."""
+    try:
+        with pa.OSFile(str(file)) as fh:
+            check_footer(fh, meta)
+    except ValueError as exc:
+        raise InputError(f"cannot read Parquet file: {exc}", table=TABLE, file=file) from exc
 
 
 def _scanner(file: Path, columns: list, rows: int) -> Iterator[pa.RecordBatch]:
