@@ -33,6 +33,7 @@ from chainrows.cli.common import (
     at_least_one,
     int_at_least,
     parse_size,
+    path_arg,
     tree_bytes,
     wrote,
 )
@@ -94,8 +95,8 @@ def _parser() -> argparse.ArgumentParser:
                        description="Reassemble a dataset (docs/format.md) into training rows "
                                    "(OUT/rows/, a directory of Parquet part files) and one report row per rollout "
                                    "(OUT/report.parquet).", epilog=EPILOG)
-    r.add_argument("dataset", help="dataset directory: ledger, tokens and rollouts tables")
-    r.add_argument("out", help="output directory (created if missing)")
+    r.add_argument("dataset", type=path_arg, help="dataset directory: ledger, tokens and rollouts tables")
+    r.add_argument("out", type=path_arg, help="output directory (created if missing)")
     _reassemble_options(r)
 
     from chainrows.synth.params import DEFAULTS as synth_defaults  # light: no numpy or pyarrow
@@ -104,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
                        description="Write a synthetic dataset (docs/format.md) of simulated agent "
                                    "harnesses: compactions, rejected retries, GRPO groups and a share "
                                    "of corrupt rollouts covering every reason code.", epilog=EPILOG)
-    s.add_argument("out", help="output directory (created if missing)")
+    s.add_argument("out", type=path_arg, help="output directory (created if missing)")
     s.add_argument("--rollouts", type=_positive, default=1000, help="rollouts to write")
     s.add_argument("--seed", type=_seed, default=0, help="the same seed writes the same bytes")
     s.add_argument("--group-size", type=at_least_one, default=synth_defaults.group_size,
@@ -115,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"chance of rejected retries per accepted call (default {synth_defaults.retry_rate})")
     s.add_argument("--corrupt-rate", type=_rate, default=synth_defaults.corrupt_rate,
                    help=f"chance a rollout gets one corruption (default {synth_defaults.corrupt_rate})")
-    s.add_argument("--mean-gen-tokens", type=at_least_one, default=synth_defaults.mean_gen_tokens,
+    s.add_argument("--mean-gen-tokens", type=int_at_least(1, 1 << 31), default=synth_defaults.mean_gen_tokens,
                    help=f"mean generated tokens per call (default {synth_defaults.mean_gen_tokens})")
     s.add_argument("--worker-rate", type=_rate, default=synth_defaults.worker_rate,
                    help="share of rollouts whose sub-agent workers interleave their calls "
@@ -130,10 +131,10 @@ def _parser() -> argparse.ArgumentParser:
     j = sub.add_parser("import-jsonl", help="raw JSON Lines (docs/jsonl.md) -> a dataset",
                        description="Turn three JSON Lines files (docs/jsonl.md) into a dataset "
                                    "(docs/format.md) that reassemble reads.", epilog=EPILOG)
-    j.add_argument("ledger", help="one JSON object per model call")
-    j.add_argument("tokens", help="one JSON object per call: its delta tokens (and logprobs)")
-    j.add_argument("results", help="one JSON object per rollout: group, reward, final output")
-    j.add_argument("out", help="output dataset directory (created if missing)")
+    j.add_argument("ledger", type=path_arg, help="one JSON object per model call")
+    j.add_argument("tokens", type=path_arg, help="one JSON object per call: its delta tokens (and logprobs)")
+    j.add_argument("results", type=path_arg, help="one JSON object per rollout: group, reward, final output")
+    j.add_argument("out", type=path_arg, help="output dataset directory (created if missing)")
     j.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     add_gym_parsers(sub)
     add_calls_parser(sub)
@@ -143,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
                         description="Reassemble a dataset three ways (ordinary, cc linear, cc forest) "
                                     "into a temporary directory and compare what each keeps.",
                         epilog=EPILOG)
-    st.add_argument("dataset", help="dataset directory: ledger, tokens and rollouts tables")
+    st.add_argument("dataset", type=path_arg, help="dataset directory: ledger, tokens and rollouts tables")
     _run_options(st)
     return p
 

@@ -80,6 +80,8 @@ def check_destination(out_dir: str | os.PathLike, names: Iterable[str] = OUTPUT_
     """The one overwrite policy of every command that writes: may ``out_dir`` receive the
     outputs ``names`` (committed in that order by :class:`AtomicOutput`)? Returns it as a Path.
 
+    - ``out_dir`` or an input that is empty or blank (as a path it would be the current
+      directory): InputError.
     - An input and ``out_dir`` may not nest: ``out_dir`` is never an input, inside an input, or
       (for a directory input) around one. InputError.
     - ``out_dir`` existing as something other than a directory: InputError.
@@ -91,6 +93,10 @@ def check_destination(out_dir: str | os.PathLike, names: Iterable[str] = OUTPUT_
     """
     from chainrows.errors import InputError
 
+    inputs = tuple(inputs)
+    for given in (out_dir, *inputs):
+        if not os.fspath(given).strip():
+            raise InputError(f"an empty or blank path: {os.fspath(given)!r}")
     out = Path(out_dir)
     where = out.resolve()
     for given in inputs:
