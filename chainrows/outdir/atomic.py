@@ -28,7 +28,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -47,6 +48,28 @@ OUT_LOCK_NAME = ".chainrows-lock"  # held by the AtomicOutput writing out_dir, r
 STALE_AGE_S = 3600.0          # a temp dir without a lock file is stale after this (or no fcntl)
 PART_DIGITS = 8               # part-00000000.parquet: lexicographic order = write order
 OUTPUT_NAMES = ("rows", "report")
+
+
+_listeners: list[Callable[[Path], None]] = []
+
+
+@contextmanager
+def on_commit(listener: Callable[[Path], None]) -> Iterator[None]:
+    """Within the block, ``listener(out_dir)`` is called (on the committing thread) the moment
+    a commit into ``out_dir`` is complete: its last output (the marker) renamed into place. The
+    CLI uses it to tell an interrupt before the commit (exit 130) from one after (exit 0)."""
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
+
+
+def notify_committed(out_dir: str | os.PathLike) -> None:
+    """Tell the :func:`on_commit` listeners that ``out_dir``'s outputs are committed (for a
+    writer that commits by renames of its own rather than through AtomicOutput)."""
+    for listener in tuple(_listeners):
+        listener(Path(out_dir))
 
 
 # ----------------------------------------------------------------------------- small files
@@ -206,6 +229,7 @@ class AtomicOutput:
             for name in self.names:  # rows in first, report last
                 os.replace(staged[name], self.out_dir / staged[name].name)
                 placed.append(staged[name].name)
+            notify_committed(self.out_dir)  # inside: an interrupt before it undoes the commit
         except BaseException:
             _undo(self.out_dir, trash, moved, placed)
             raise
