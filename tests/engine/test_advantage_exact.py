@@ -27,7 +27,7 @@ def exact(rewards, options):
     scale = Fraction(2) ** math.frexp(max(abs(r) for r in rewards))[1]  # var / scale^2 fits a float
     std = Fraction(math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1) / scale**2)) * scale
     out = []
-    for i, v in enumerate(x):
+    for v in x:
         base = (sum(x) - v) / (n - 1) if options.baseline == "loo" else mean
         d = v - base
         a = d if options.no_std else d / (std + Fraction(EPS))

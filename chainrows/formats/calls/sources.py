@@ -43,7 +43,7 @@ class CallsSource:
         any file has none; a JSON Lines log may have them anywhere."""
         if self.kind == "jsonl":
             return True
-        return any(pq.read_schema(f).get_field_index("completion_logprobs") >= 0 for f in self.files)
+        return any(_opened(f).schema_arrow.get_field_index("completion_logprobs") >= 0 for f in self.files)
 
     def batches(self, chunk_bytes: int, advance: Callable[[int], None] | None = None,
                 scan_bytes: int = 0) -> Iterator[pa.RecordBatch]:
@@ -69,7 +69,17 @@ class CallsSource:
                 yield partial(records_from_table, table, file=file, row0=row0, first_record=first + row0)
                 if advance:
                     advance(consumed)
-            first += pq.ParquetFile(file).metadata.num_rows
+            first += _opened(file).metadata.num_rows
+
+
+def _opened(file: Path) -> pq.ParquetFile:
+    """The Parquet file opened (its footer read); an unreadable one (cut short, not Parquet) is
+    the InputError :func:`parquet_tables` gives, not a traceback."""
+    try:
+        return pq.ParquetFile(file)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"cannot read Parquet file: {' '.join(str(exc).split())}", table=TABLE,
+                         file=file) from exc
 
 
 def open_source(path: str | os.PathLike) -> CallsSource:

@@ -82,3 +82,19 @@ def test_damaged_call_log_footer_is_refused(cli, tmp_path):  # noqa: F811
     res = cli.run("import-calls", bad, results, tmp_path / "out")
     assert res.rc == 2 and "row group 0" in res.stderr and "prompt_ids.list.element" in res.stderr, res
     assert not (tmp_path / "out").exists()
+
+
+def test_cut_call_log_is_refused(cli, tmp_path):  # noqa: F811
+    """A Parquet call log cut short is exit 2 naming it (found by the fuzz campaign: the check
+    for a logprobs column opened it outside the reader's error handling, exit 1)."""
+    import pyarrow as pa
+
+    log = tmp_path / "calls.parquet"
+    pq.write_table(pa.table({"rollout_id": ["r"], "call_id": ["c"], "prompt_ids": [[1, 2, 3]],
+                             "completion_ids": [[4]]}), log)
+    log.write_bytes(log.read_bytes()[:100])
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"rollout_id": "r", "group_id": "g", "reward": 1.0, "output": []}\n')
+    res = cli.run("import-calls", log, results, tmp_path / "out")
+    assert res.rc == 2 and "calls.parquet" in res.stderr and len(res.stderr.splitlines()) == 1, res
+    assert not (tmp_path / "out").exists()
