@@ -42,6 +42,7 @@ def _complete(out) -> bool:
     return pq.read_table(out / "rollouts.parquet").num_rows == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["summary", "shutdown"])
 def test_interrupt_after_the_commit_exits_0(tmp_path, where):
     res = subprocess.run([sys.executable, "-c", LATE, where, str(tmp_path / "o")], capture_output=True,
