@@ -35,6 +35,7 @@ from chainrows.cli.common import (
     decision_options,
     int_at_least,
     parse_size,
+    path_arg,
     tree_bytes,
     wrote,
 )
@@ -100,8 +101,8 @@ def _parser() -> argparse.ArgumentParser:
                        description="Reassemble a dataset (docs/format.md) into training rows "
                                    "(OUT/rows/, a directory of Parquet part files) and one report row per rollout "
                                    "(OUT/report.parquet).", epilog=EPILOG)
-    r.add_argument("dataset", help="dataset directory: ledger, tokens and rollouts tables")
-    r.add_argument("out", help="output directory (created if missing)")
+    r.add_argument("dataset", type=path_arg, help="dataset directory: ledger, tokens and rollouts tables")
+    r.add_argument("out", type=path_arg, help="output directory (created if missing)")
     _reassemble_options(r)
 
     from chainrows.synth.params import DEFAULTS as synth_defaults  # light: no numpy or pyarrow
@@ -110,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
                        description="Write a synthetic dataset (docs/format.md) of simulated agent "
                                    "harnesses: compactions, rejected retries, GRPO groups and a share "
                                    "of corrupt rollouts covering every reason code.", epilog=EPILOG)
-    s.add_argument("out", help="output directory (created if missing)")
+    s.add_argument("out", type=path_arg, help="output directory (created if missing)")
     s.add_argument("--rollouts", type=_positive, default=1000, help="rollouts to write")
     s.add_argument("--seed", type=_seed, default=0, help="the same seed writes the same bytes")
     s.add_argument("--group-size", type=at_least_one, default=synth_defaults.group_size,
@@ -121,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"chance of rejected retries per accepted call (default {synth_defaults.retry_rate})")
     s.add_argument("--corrupt-rate", type=_rate, default=synth_defaults.corrupt_rate,
                    help=f"chance a rollout gets one corruption (default {synth_defaults.corrupt_rate})")
-    s.add_argument("--mean-gen-tokens", type=at_least_one, default=synth_defaults.mean_gen_tokens,
+    s.add_argument("--mean-gen-tokens", type=int_at_least(1, 1 << 31), default=synth_defaults.mean_gen_tokens,
                    help=f"mean generated tokens per call (default {synth_defaults.mean_gen_tokens})")
     s.add_argument("--worker-rate", type=_rate, default=synth_defaults.worker_rate,
                    help="share of rollouts whose sub-agent workers interleave their calls "
@@ -136,10 +137,10 @@ def _parser() -> argparse.ArgumentParser:
     j = sub.add_parser("import-jsonl", help="raw JSON Lines (docs/jsonl.md) -> a dataset",
                        description="Turn three JSON Lines files (docs/jsonl.md) into a dataset "
                                    "(docs/format.md) that reassemble reads.", epilog=EPILOG)
-    j.add_argument("ledger", help="one JSON object per model call")
-    j.add_argument("tokens", help="one JSON object per call: its delta tokens (and logprobs)")
-    j.add_argument("results", help="one JSON object per rollout: group, reward, final output")
-    j.add_argument("out", help="output dataset directory (created if missing)")
+    j.add_argument("ledger", type=path_arg, help="one JSON object per model call")
+    j.add_argument("tokens", type=path_arg, help="one JSON object per call: its delta tokens (and logprobs)")
+    j.add_argument("results", type=path_arg, help="one JSON object per rollout: group, reward, final output")
+    j.add_argument("out", type=path_arg, help="output dataset directory (created if missing)")
     j.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     add_gym_parsers(sub)
     add_calls_parser(sub)
@@ -151,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
                         description="Reassemble a dataset three ways (ordinary, cc linear, cc forest) "
                                     "into a temporary directory and compare what each keeps.",
                         epilog=EPILOG)
-    st.add_argument("dataset", help="dataset directory: ledger, tokens and rollouts tables")
+    st.add_argument("dataset", type=path_arg, help="dataset directory: ledger, tokens and rollouts tables")
     _run_options(st)
     return p
 
@@ -345,18 +346,62 @@ class Terminated(KeyboardInterrupt):
     so that a run stops and cleans up as it does on Ctrl-C."""
 
 
+# Once the command's output is committed into its OUT (_committed), or its exit code is decided
+# (_settled), SIGINT and SIGTERM are let go by: the run finishes (exit 0, or the code decided),
+# never with the signal raised into its cleanup, its printing or the interpreter's shutdown.
+_committed = threading.Event()
+_settled = threading.Event()
+
+
+def _let_go() -> bool:
+    return _committed.is_set() or _settled.is_set()
+
+
+def _on_sigint(signum, frame):
+    if not _let_go():
+        raise KeyboardInterrupt
+
+
 def _on_sigterm(signum, frame):
+    if _let_go():
+        return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup short
     raise Terminated()
 
 
-def _catch_sigterm():
-    """Install :func:`_on_sigterm` where SIGTERM still has its default action (an embedding
-    program's own handler stays); returns the handler to restore, or None."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return None
-    return signal.signal(signal.SIGTERM, _on_sigterm)
+def _catch_signals() -> dict:
+    """Install :func:`_on_sigint` and :func:`_on_sigterm` where those signals still have
+    Python's default handling (an embedding program's own handler stays); returns the handlers
+    to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for signum, default, handler in ((signal.SIGINT, signal.default_int_handler, _on_sigint),
+                                     (signal.SIGTERM, signal.SIG_DFL, _on_sigterm)):
+        if signal.getsignal(signum) is default:
+            previous[signum] = signal.signal(signum, handler)
+    return previous
+
+
+def _interrupted_line(exc: KeyboardInterrupt) -> None:
+    """The one line of an interrupt that found no command's handler (nothing was written)."""
+    try:
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"chainrows: {what}; no output written", file=sys.stderr)
+    except (KeyboardInterrupt, OSError):  # a second one, or stderr gone: the exit code says it
+        pass
+
+
+def _settle_on_commit(out):
+    """An :func:`chainrows.outdir.atomic.on_commit` listener: a commit into the command's ``out``
+    settles the run (a command's temporary outputs, as stats makes, do not)."""
+    target = None if out is None else os.path.realpath(out)
+
+    def listener(out_dir) -> None:
+        if target is not None and os.path.realpath(out_dir) == target:
+            _committed.set()
+
+    return listener
 
 
 class _NoPandas:
@@ -414,13 +459,23 @@ def _set_huge_pages() -> str | None:
 def main(argv=None, *, own_process: bool = False) -> int:
     """Run one command; returns its exit code (0, 1, 2, 130 or 143, see the module docstring).
     ``own_process``: the process runs this one command (:func:`console_main`), so pandas may be
-    kept out of it while the command runs, and huge pages forbidden."""
-    previous = _catch_sigterm()
+    kept out of it while the command runs, and huge pages forbidden; and once the exit code is
+    decided SIGINT and SIGTERM are ignored for good, so that no signal during the interpreter's
+    shutdown kills the process by the signal after the command has finished."""
+    _committed.clear()
+    _settled.clear()
+    previous = _catch_signals()
     try:
-        return _main(argv, own_process)
+        rc = _main(argv, own_process)
+    except KeyboardInterrupt as exc:  # outside _main's handlers: parsing, importing, reporting
+        rc = 0 if _committed.is_set() else 143 if isinstance(exc, Terminated) else 130
+        if rc:
+            _interrupted_line(exc)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        _settled.set()
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_IGN if own_process else handler)
+    return rc
 
 
 def _main(argv, own_process: bool = False) -> int:
@@ -446,13 +501,14 @@ def _main(argv, own_process: bool = False) -> int:
             return 2
     finder = _keep_pandas_out(args) if own_process else None
     from chainrows.errors import InputError, WriteError, write_error
-    from chainrows.outdir.atomic import OutputExistsError
+    from chainrows.outdir.atomic import OutputExistsError, on_commit
 
     out = getattr(args, "out", None)
     fresh = out is not None and not os.path.lexists(out)  # an OUT this run makes
     rc = 1
     try:
-        rc = command(args)
+        with on_commit(_settle_on_commit(out)):
+            rc = command(args)
         return rc
     except InputError as exc:
         print(f"chainrows: error: {exc}", file=sys.stderr)
@@ -497,6 +553,7 @@ def _main(argv, own_process: bool = False) -> int:
         print(f"chainrows: internal error: {type(exc).__name__}: {msg}{_left_behind(args)}", file=sys.stderr)
         rc = 1
     finally:
+        _settled.set()
         if rc != 0 and fresh:
             _remove_if_empty(out)
         if finder is not None and finder in sys.meta_path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from chainrows.cli.common import EPILOG, OVERWRITE_HELP, CompileNotice, at_least_one, parse_size, wrote
+from chainrows.cli.common import EPILOG, OVERWRITE_HELP, CompileNotice, at_least_one, parse_size, path_arg, wrote
 
 
 def add_parser(sub) -> None:
@@ -18,11 +18,11 @@ def add_parser(sub) -> None:
                                    "parent is inferred by exact token prefix, its delta and chain hash "
                                    "computed, and every place the tokens drifted reported in "
                                    "OUT/import_report.parquet (docs/calls.md).", epilog=EPILOG)
-    c.add_argument("calls", help="the call log: JSON Lines (.jsonl, .jsonl.gz), a Parquet file or a "
+    c.add_argument("calls", type=path_arg, help="the call log: JSON Lines (.jsonl, .jsonl.gz), a Parquet file or a "
                                  "directory of Parquet files; one record per call, in capture order")
-    c.add_argument("results", help="one JSON object per rollout: group, reward, final output (as "
+    c.add_argument("results", type=path_arg, help="one JSON object per rollout: group, reward, final output (as "
                                    "import-jsonl reads it, docs/jsonl.md)")
-    c.add_argument("out", help="output dataset directory (created if missing)")
+    c.add_argument("out", type=path_arg, help="output dataset directory (created if missing)")
     c.add_argument("--on-drift", choices=("root", "mask"), default="root",
                    help="a call whose prompt departs inside an earlier call's generated tokens: root "
                         "(train it as a new row) or mask (its rollout is masked hash_mismatch)")

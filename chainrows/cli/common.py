@@ -24,27 +24,46 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
           "gib": 1 << 30, "tib": 1 << 40}
 
 
+LARGEST_SIZE = 1 << 60  # 1 EiB: far beyond any machine, and every sum of budgets stays in an int64
+LARGEST_COUNT = (1 << 63) - 1  # an int64
+
+
 def parse_size(text: str) -> int:
-    """'4GiB', '512MB', '1e9' -> bytes."""
+    """'4GiB', '512MB', '1e9' -> bytes; at least 1 MiB, at most LARGEST_SIZE (1e400 and
+    1e400GiB, which a float holds as infinity, are refused like any other size too large)."""
     m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 4GiB or 512MB)")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    try:
+        value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 4GiB or 512MB)") from None
     if value < 1 << 20:
         raise argparse.ArgumentTypeError(f"memory budget {text!r} is below 1 MiB")
+    if not value <= LARGEST_SIZE:  # inf, and nan were it ever parsed
+        raise argparse.ArgumentTypeError(f"memory budget {text!r} is above 1 EiB")
     return int(value)
 
 
+def path_arg(text: str) -> str:
+    """argparse type of every path argument: refuses an empty or blank one (taken as is, it
+    would be the current directory, and a command would write there)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"an empty or blank path: {text!r}")
+    return text
+
+
 def int_at_least(lowest: int, below: int | None = None):
-    """argparse type: an integer >= lowest (and < below when given)."""
+    """argparse type: an integer >= lowest and < below (default: what an int64 holds)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < lowest or (below is not None and value >= below):
-            raise argparse.ArgumentTypeError(f"must be >= {lowest}" + (f" and < {below}" if below else ""))
+        top = LARGEST_COUNT + 1 if below is None else below
+        if value < lowest or value >= top:
+            raise argparse.ArgumentTypeError(f"must be >= {lowest} and < {top}")
         return value
 
     return parse

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from chainrows.cli.common import EPILOG, OVERWRITE_HELP, at_least_one, parse_size, wrote
+from chainrows.cli.common import EPILOG, OVERWRITE_HELP, at_least_one, parse_size, path_arg, wrote
 
 
 def add_parsers(sub) -> None:
@@ -18,8 +18,8 @@ def add_parsers(sub) -> None:
                        description="Verify every staged call of a NeMo Gym dump against its record "
                                    "(digests, hashes, mask) and write a dataset (docs/format.md); a "
                                    "call that fails a check gets ledger.integrity_error.", epilog=EPILOG)
-    i.add_argument("dump", help="directory with receipts.jsonl, staged.jsonl, results.jsonl (each may be .jsonl.gz)")
-    i.add_argument("out", metavar="DATASET", help="output dataset directory (created if missing)")
+    i.add_argument("dump", type=path_arg, help="directory with receipts.jsonl, staged.jsonl, results.jsonl (each may be .jsonl.gz)")
+    i.add_argument("out", type=path_arg, metavar="DATASET", help="output dataset directory (created if missing)")
     i.add_argument("--memory-budget", type=parse_size, default=None,
                    help="peak memory to stay under, e.g. 4GiB (default 2GiB); a larger dump is "
                         "imported in buckets of rollouts")
@@ -31,10 +31,10 @@ def add_parsers(sub) -> None:
                                    "and write them as a NeMo Gym dump, with real digests and fingerprints "
                                    "(docs/gym.md).",
                        epilog=EPILOG)
-    e.add_argument("ledger", help="one JSON object per model call")
-    e.add_argument("tokens", help="one JSON object per call: its delta tokens (and logprobs)")
-    e.add_argument("results", help="one JSON object per rollout: group, reward, final output")
-    e.add_argument("out", metavar="DUMP", help="output dump directory (created if missing)")
+    e.add_argument("ledger", type=path_arg, help="one JSON object per model call")
+    e.add_argument("tokens", type=path_arg, help="one JSON object per call: its delta tokens (and logprobs)")
+    e.add_argument("results", type=path_arg, help="one JSON object per rollout: group, reward, final output")
+    e.add_argument("out", type=path_arg, metavar="DUMP", help="output dump directory (created if missing)")
     e.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 

@@ -28,7 +28,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -47,6 +48,28 @@ OUT_LOCK_NAME = ".chainrows-lock"  # held by the AtomicOutput writing out_dir, r
 STALE_AGE_S = 3600.0          # a temp dir without a lock file is stale after this (or no fcntl)
 PART_DIGITS = 8               # part-00000000.parquet: lexicographic order = write order
 OUTPUT_NAMES = ("rows", "report")
+
+
+_listeners: list[Callable[[Path], None]] = []
+
+
+@contextmanager
+def on_commit(listener: Callable[[Path], None]) -> Iterator[None]:
+    """Within the block, ``listener(out_dir)`` is called (on the committing thread) the moment
+    a commit into ``out_dir`` is complete: its last output (the marker) renamed into place. The
+    CLI uses it to tell an interrupt before the commit (exit 130) from one after (exit 0)."""
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
+
+
+def notify_committed(out_dir: str | os.PathLike) -> None:
+    """Tell the :func:`on_commit` listeners that ``out_dir``'s outputs are committed (for a
+    writer that commits by renames of its own rather than through AtomicOutput)."""
+    for listener in tuple(_listeners):
+        listener(Path(out_dir))
 
 
 # ----------------------------------------------------------------------------- small files
@@ -80,6 +103,8 @@ def check_destination(out_dir: str | os.PathLike, names: Iterable[str] = OUTPUT_
     """The one overwrite policy of every command that writes: may ``out_dir`` receive the
     outputs ``names`` (committed in that order by :class:`AtomicOutput`)? Returns it as a Path.
 
+    - ``out_dir`` or an input that is empty or blank (as a path it would be the current
+      directory): InputError.
     - An input and ``out_dir`` may not nest: ``out_dir`` is never an input, inside an input, or
       (for a directory input) around one. InputError.
     - ``out_dir`` existing as something other than a directory: InputError.
@@ -91,6 +116,10 @@ def check_destination(out_dir: str | os.PathLike, names: Iterable[str] = OUTPUT_
     """
     from chainrows.errors import InputError
 
+    inputs = tuple(inputs)
+    for given in (out_dir, *inputs):
+        if not os.fspath(given).strip():
+            raise InputError(f"an empty or blank path: {os.fspath(given)!r}")
     out = Path(out_dir)
     where = out.resolve()
     for given in inputs:
@@ -200,6 +229,7 @@ class AtomicOutput:
             for name in self.names:  # rows in first, report last
                 os.replace(staged[name], self.out_dir / staged[name].name)
                 placed.append(staged[name].name)
+            notify_committed(self.out_dir)  # inside: an interrupt before it undoes the commit
         except BaseException:
             _undo(self.out_dir, trash, moved, placed)
             raise

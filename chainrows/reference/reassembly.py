@@ -16,6 +16,7 @@ import math
 import sys
 from array import array
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 import xxhash
@@ -544,13 +545,16 @@ def advantages(rollouts: list, statuses: dict, options: Options) -> dict:
         else:
             pop = [ro for ro in finite if statuses[ro.rollout_id] == "ok"]
         n = len(pop)
-        # A is scale-invariant (eps scales along): divide by the group's largest |reward| so
-        # huge finite rewards cannot overflow the sums.
-        scale = max((abs(float(ro.record["reward"])) for ro in finite), default=0.0) or 1.0
-        rewards = [float(ro.record["reward"]) / scale for ro in pop]
+        # Exact rational arithmetic (fractions.Fraction) up to the last division, on rewards
+        # scaled by a power of two above half the group's largest |reward| (exact), so that
+        # the variance converts to a float without overflow; A is scale-invariant (eps scales
+        # along). Each advantage is then the exact §5 value rounded once or twice.
+        top = max((abs(float(ro.record["reward"])) for ro in finite), default=0.0)
+        scale = math.ldexp(1.0, math.frexp(top)[1] - 1)  # |reward| / scale < 2; 2.0**1024 is inf
+        exact = {id(ro): Fraction(float(ro.record["reward"])) / Fraction(scale) for ro in finite}
         if n >= 2:
-            mean = math.fsum(rewards) / n
-            std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (n - 1))
+            mean = sum(exact[id(ro)] for ro in pop) / n
+            std = math.sqrt(sum((exact[id(ro)] - mean) ** 2 for ro in pop) / (n - 1))
         for ro in members:
             if not is_finite(ro.record["reward"]):
                 result[ro.rollout_id] = None
@@ -558,14 +562,17 @@ def advantages(rollouts: list, statuses: dict, options: Options) -> dict:
             if n < 2:
                 result[ro.rollout_id] = 0.0
                 continue
-            r = float(ro.record["reward"]) / scale
+            r = exact[id(ro)]
             if options.baseline == "loo" and any(m is ro for m in pop):
-                others = [float(m.record["reward"]) / scale for m in pop if m is not ro]
-                base = math.fsum(others) / (n - 1)
+                base = sum(exact[id(m)] for m in pop if m is not ro) / (n - 1)
             else:
                 base = mean
-            a = (r - base) * scale if options.no_std else (r - base) / (std + EPSILON / scale)
-            result[ro.rollout_id] = a if math.isnan(a) else max(-ADVANTAGE_LIMIT, min(ADVANTAGE_LIMIT, a))
+            if options.no_std:
+                dev = (r - base) * Fraction(scale)
+                a = max(-ADVANTAGE_LIMIT, min(ADVANTAGE_LIMIT, dev))
+            else:
+                a = float(r - base) / (std + EPSILON / scale)
+            result[ro.rollout_id] = float(max(-ADVANTAGE_LIMIT, min(ADVANTAGE_LIMIT, a)))
     return result
 
 

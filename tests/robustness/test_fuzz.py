@@ -40,7 +40,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import random
 import shutil
 from pathlib import Path
@@ -52,12 +51,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
-from chainrows import reassemble, reference
+from chainrows import reassemble
 from chainrows.errors import InputError
-from chainrows.formats.native.dataset import read_dataset
 from chainrows.testing.reconcile import reconcile
 from tests.support.cli_worker import assert_clean_error, assert_ran, cli  # noqa: F401  (cli is a fixture)
 from tests.support.compare import compare_outputs
+from tests.support.oracle import check_against_oracle, option_args, oracle
 from tests.support.outputs import no_outputs, read_output
 from tests.support.profiles import examples
 from tests.support.tables import (
@@ -566,16 +565,6 @@ def write_case(root: Path, tables: dict, options: dict, layout: dict, parts: dic
 
 # ============================================================================ the oracle
 
-def option_args(opts: dict) -> list[str]:
-    args = ["--mode", opts["mode"], "--baseline", opts["baseline"],
-            "--baseline-population", opts["baseline_population"], "--row-weight", opts["row_weight"]]
-    if opts["placeholders"]:
-        args.append("--placeholders")
-    if opts["no_std"]:
-        args.append("--no-std")
-    return args
-
-
 def draw_options(draw) -> dict:
     return dict(mode=_pick(draw, ("cc", "cc", "ordinary"), "mode"),
                 placeholders=draw(st.booleans(), label="placeholders"),
@@ -591,21 +580,6 @@ def _std_if_huge(d: Data, opts: dict) -> dict:
     huge = any(r.get("reward") is not None and math.isfinite(r["reward"]) and abs(r["reward"]) > 1e6
                for r in d.rollouts)
     return dict(opts, no_std=False) if huge else opts
-
-
-def oracle(dataset, opts: dict):
-    """What the reference decides on the tables as the reader returns them."""
-    ds = read_dataset(dataset) if isinstance(dataset, (str, os.PathLike)) else dataset
-    return reference.reassemble(ds.ledger.to_pylist(), ds.tokens.to_pylist(), ds.rollouts.to_pylist(),
-                                logprobs=ds.has_logprobs, **opts)
-
-
-def check_against_oracle(ctx: str, dataset: Path, rows: pa.Table, report: pa.Table, opts: dict):
-    ds = read_dataset(dataset)
-    want_rows, want_report = oracle(ds, opts)
-    compare_outputs(ctx, rows.to_pylist(), report.to_pylist(), want_rows, want_report)
-    problems = reconcile(ds, rows, report)
-    assert not problems, f"{ctx}\n" + "\n".join(problems)
 
 
 # ============================================================================ CLI fuzzing

@@ -24,7 +24,10 @@ from tests.support.paths import REPO
 _WORKER = r"""
 import json, os, sys, traceback
 proto = os.fdopen(os.dup(1), "w")
+home = os.getcwd()
 def run(req):
+    if req.get("cwd"):
+        os.chdir(req["cwd"])
     if "argv" in req:
         from chainrows import cli
         return cli.main(req["argv"])
@@ -48,6 +51,7 @@ for line in sys.stdin:
         finally:
             sys.stdout.flush(); sys.stderr.flush()
             os.dup2(s1, 1); os.dup2(s2, 2); os.close(s1); os.close(s2)
+            os.chdir(home)
     proto.write(json.dumps({"rc": rc}) + "\n"); proto.flush()
 """
 
@@ -113,8 +117,9 @@ class CliWorker:
             return CliResult(rc if rc < 0 else f"died({rc})", text(out), text(err))
         return CliResult(json.loads(line)["rc"], text(out), without_compile_notice(text(err)))
 
-    def run(self, *argv, timeout: float = 120) -> CliResult:
-        return self._request({"argv": [str(a) for a in argv]}, timeout)
+    def run(self, *argv, timeout: float = 120, cwd=None) -> CliResult:
+        """``chainrows.cli.main(argv)``; ``cwd``: the directory it runs in (default the repository)."""
+        return self._request({"argv": [str(a) for a in argv], "cwd": str(cwd) if cwd else None}, timeout)
 
     def exec(self, code: str, timeout: float = 120) -> CliResult:
         """Run a code snippet in the worker; it sets ``rc`` (default 0)."""

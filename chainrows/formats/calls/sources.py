@@ -22,6 +22,7 @@ from chainrows.engine.threads import inherit_threads, wait_out
 from chainrows.errors import InputError
 from chainrows.formats.calls.arrow_input import TABLE, check_columns, records_from_table
 from chainrows.formats.calls.jsonl import read_jsonl
+from chainrows.formats.native.guard import check_footer
 
 READ_BUFFER = 4 << 20  # bytes of a column chunk read at a time
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -42,7 +43,7 @@ class CallsSource:
         any file has none; a JSON Lines log may have them anywhere."""
         if self.kind == "jsonl":
             return True
-        return any(pq.read_schema(f).get_field_index("completion_logprobs") >= 0 for f in self.files)
+        return any(_opened(f).schema_arrow.get_field_index("completion_logprobs") >= 0 for f in self.files)
 
     def batches(self, chunk_bytes: int, advance: Callable[[int], None] | None = None,
                 scan_bytes: int = 0) -> Iterator[pa.RecordBatch]:
@@ -68,7 +69,17 @@ class CallsSource:
                 yield partial(records_from_table, table, file=file, row0=row0, first_record=first + row0)
                 if advance:
                     advance(consumed)
-            first += pq.ParquetFile(file).metadata.num_rows
+            first += _opened(file).metadata.num_rows
+
+
+def _opened(file: Path) -> pq.ParquetFile:
+    """The Parquet file opened (its footer read); an unreadable one (cut short, not Parquet) is
+    the InputError :func:`parquet_tables` gives, not a traceback."""
+    try:
+        return pq.ParquetFile(file)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"cannot read Parquet file: {' '.join(str(exc).split())}", table=TABLE,
+                         file=file) from exc
 
 
 def open_source(path: str | os.PathLike) -> CallsSource:
@@ -139,6 +150,7 @@ def parquet_tables(file: Path, chunk_bytes: int, scan_bytes: int = 0) -> Iterato
         pf = pq.ParquetFile(file, buffer_size=READ_BUFFER, pre_buffer=False)
         columns = check_columns(pf.schema_arrow, file)
         meta = pf.metadata
+        _check_footer(file, meta)
         rows = max(1, chunk_bytes * max(meta.num_rows, 1) // max(decoded_bytes(meta), 1))
         largest = max((decoded_bytes(meta, [g]) for g in range(meta.num_row_groups)), default=0)
         threads = pa.cpu_count() > 1
@@ -155,6 +167,16 @@ def parquet_tables(file: Path, chunk_bytes: int, scan_bytes: int = 0) -> Iterato
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"cannot read Parquet file: {' '.join(str(exc).split())}", table=TABLE,
                          file=file) from exc
+
+
+def _check_footer(file: Path, meta: pq.FileMetaData) -> None:
+    """InputError when the footer has a field pyarrow's metadata accessors abort on
+    (:func:`chainrows.formats.native.guard.check_footer`), before :func:`decoded_bytes` reads it."""
+    try:
+        with pa.OSFile(str(file)) as fh:
+            check_footer(fh, meta)
+    except ValueError as exc:
+        raise InputError(f"cannot read Parquet file: {exc}", table=TABLE, file=file) from exc
 
 
 def _scanner(file: Path, columns: list, rows: int) -> Iterator[pa.RecordBatch]:

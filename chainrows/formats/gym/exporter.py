@@ -25,6 +25,7 @@ import numpy as np
 from chainrows.formats.gym import wire as W
 from chainrows.formats.gym.fingerprints import fingerprint, is_model_authored
 from chainrows.formats.jsonl.lines import float_list, int32_list, item_keys, iter_records, kind, string_list
+from chainrows.outdir.atomic import notify_committed
 from chainrows.outdir.outfile import OutFile
 
 SCHEMA_VERSION = 3
@@ -197,6 +198,7 @@ def _write(dump: Path, rollouts: dict, tokens: dict, results: list) -> dict:
                 if old.exists():
                     old.unlink()
             os.replace(tmp / name, dump / name)
+        notify_committed(dump)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from chainrows.errors import InputError
+from chainrows.formats.native.guard import check_footer
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,8 @@ def facts_of(fh: pa.NativeFile) -> FileFacts:
     throwing from code that cannot pass the error on. Its footer is the metadata and then a
     signature, which no other file has (the metadata fills the whole footer; the file's last 8
     bytes give the footer's length, then the magic); a file whose footer itself is encrypted
-    never opens."""
+    never opens. A footer with a field that pyarrow's metadata accessors would abort on is
+    refused too (ValueError naming its row group and column: :func:`guard.check_footer`)."""
     pf = pq.ParquetFile(fh)
     md = pf.metadata
     tail = fh.read_at(len(MAGIC) + 4, fh.size() - len(MAGIC) - 4)
@@ -316,6 +318,7 @@ def facts_of(fh: pa.NativeFile) -> FileFacts:
             names_encryption(fh.read_at(md.serialized_size, fh.size() - len(MAGIC) - 4 - footer_len)):
         raise ValueError("encrypted columns (Parquet modular encryption), which chainrows does not "
                          "read: decrypt the file first")
+    check_footer(fh, md)
     schema = pf.schema_arrow
     leaves = [Leaf.of(md.schema.column(j)) for j in range(md.num_columns)]
     stored = [0] * md.num_columns

@@ -1,0 +1,76 @@
+"""An interrupt at any moment gives exit 130 (nothing written) or, once the output is committed,
+0 (the output complete): never a message that no output was written beside a committed one,
+never death by the signal during the summary or the interpreter's shutdown."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.support.paths import REPO
+
+LATE = r"""
+import atexit, os, signal, sys, time
+import chainrows.cli as cli
+where, out = sys.argv[1], sys.argv[2]
+if where == "summary":  # after the commit, before the summary
+    said = cli.print_summary
+    def late(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT); time.sleep(0.05)
+        return said(*a, **k)
+    cli.print_summary = late
+else:  # during the interpreter's shutdown
+    atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.05)))
+sys.argv = ["chainrows", "synth", out, "--rollouts", "5", "--no-logprobs"]
+sys.exit(cli.console_main())
+"""
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(REPO))
+
+
+def _complete(out) -> bool:
+    names = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    if names != ["ledger.parquet", "rollouts.parquet", "tokens.parquet"]:
+        return False
+    return pq.read_table(out / "rollouts.parquet").num_rows == 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["summary", "shutdown"])
+def test_interrupt_after_the_commit_exits_0(tmp_path, where):
+    res = subprocess.run([sys.executable, "-c", LATE, where, str(tmp_path / "o")], capture_output=True,
+                         text=True, env=_env(), timeout=120)
+    assert res.returncode == 0 and _complete(tmp_path / "o"), res.stderr
+    assert "Traceback" not in res.stderr and "no output written" not in res.stderr, res.stderr
+    assert res.stdout.startswith("chainrows synth"), res.stdout
+
+
+@pytest.mark.slow
+def test_interrupt_at_random_moments(tmp_path):
+    """SIGINT at random delays over a whole run, start-up and shutdown included: 130 and no
+    output, or 0 and the complete output."""
+    rng = random.Random(56)
+    argv = [sys.executable, "-m", "chainrows", "synth", "", "--rollouts", "5", "--no-logprobs"]
+    t0 = time.perf_counter()
+    subprocess.run(argv[:4] + [str(tmp_path / "timed")] + argv[5:], env=_env(), check=True, capture_output=True)
+    span = time.perf_counter() - t0
+    seen = set()
+    for k in range(16):
+        out = tmp_path / f"o{k}"
+        proc = subprocess.Popen(argv[:4] + [str(out)] + argv[5:], env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(rng.uniform(0.5, 1.1) * span)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode in (0, 130), (proc.returncode, stderr)
+        assert "Traceback" not in stderr, stderr
+        assert _complete(out) == (proc.returncode == 0), (proc.returncode, stderr)
+        seen.add(proc.returncode)
+    assert seen == {0, 130}, seen
