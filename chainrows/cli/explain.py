@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from chainrows.cli.common import EPILOG, add_decision_options, at_least_one, decision_options
+from chainrows.cli.common import EPILOG, add_decision_options, at_least_one, decision_options, path_arg
 
 
 def add_parsers(sub) -> None:
@@ -21,7 +21,7 @@ def add_parsers(sub) -> None:
                                    "and for a masked rollout the failed check with what it compared "
                                    "and the fix. Reads only the asked rollouts and their groups.",
                        epilog=EPILOG)
-    e.add_argument("dataset", help="dataset directory: ledger, tokens and rollouts tables")
+    e.add_argument("dataset", type=path_arg, help="dataset directory: ledger, tokens and rollouts tables")
     e.add_argument("rollout_ids", nargs="+", metavar="ROLLOUT_ID", help="rollouts to explain")
     add_decision_options(e)
     e.add_argument("--json", action="store_true",
@@ -34,10 +34,10 @@ def add_parsers(sub) -> None:
                                    "with --data, also generated tokens never trained and drill-downs of "
                                    "a sample of masked and split rollouts with their call trees.",
                        epilog=EPILOG)
-    i.add_argument("out", metavar="OUT", help="a reassemble output directory (rows and report)")
-    i.add_argument("--data", default=None, help="the dataset it was made from (for call trees and "
+    i.add_argument("source", type=path_arg, metavar="OUT", help="a reassemble output directory (rows and report)")
+    i.add_argument("--data", type=path_arg, default=None, help="the dataset it was made from (for call trees and "
                                                 "token counts); its options are read from OUT")
-    i.add_argument("--html", required=True, metavar="FILE", help="the HTML file to write")
+    i.add_argument("--html", dest="out", type=path_arg, required=True, metavar="FILE", help="the HTML file to write")
     i.add_argument("--sample", type=at_least_one, default=24,
                    help="masked and split rollouts drawn with their call trees, each (default 24)")
     i.add_argument("--overwrite", action="store_true", help="replace FILE when it exists")
@@ -55,7 +55,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
 def cmd_inspect(a: argparse.Namespace) -> int:
     from chainrows.inspection import write_report
 
-    summary = write_report(a.out, a.html, data=a.data, sample=a.sample, overwrite=a.overwrite)
+    summary = write_report(a.source, a.out, data=a.data, sample=a.sample, overwrite=a.overwrite)
     print(summary)
     return 0
 

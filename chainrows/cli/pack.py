@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from chainrows.cli.common import EPILOG, OVERWRITE_HELP, at_least_one, wrote
+from chainrows.cli.common import EPILOG, OVERWRITE_HELP, at_least_one, int_at_least, path_arg, wrote
 
 PART_TOKENS = 1 << 22  # a rank's part file is written once it holds this many tokens
 SUMMARY = "packing"  # PACKED/packing.parquet, one row per rank; committed last
@@ -30,13 +30,13 @@ def add_parser(sub) -> None:
                                    "--world-size ranks gets as many batches (docs/trainers.md). Writes "
                                    "PACKED/rank-NNNNN/part-*.parquet (one row per batch) and "
                                    "PACKED/packing.parquet (one row per rank).", epilog=EPILOG)
-    p.add_argument("rows", metavar="OUT", help="a reassemble output directory (its rows/), or a rows "
+    p.add_argument("rows", type=path_arg, metavar="OUT", help="a reassemble output directory (its rows/), or a rows "
                                                "directory or Parquet file")
-    p.add_argument("out", metavar="PACKED", help="output directory (created if missing)")
+    p.add_argument("out", type=path_arg, metavar="PACKED", help="output directory (created if missing)")
     p.add_argument("--max-tokens", type=at_least_one, required=True,
                    help="token budget of a batch (rows are never split: a longer row is an error)")
     p.add_argument("--world-size", type=at_least_one, default=1, help="data-parallel ranks (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="the order (pass the epoch; default 0)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="the order (pass the epoch; default 0)")
     p.add_argument("--no-shuffle", action="store_true", help="file order, batches in packing order")
     p.add_argument("--window", type=at_least_one, default=4096,
                    help="rows packed together (default 4096): more fill fuller batches, hold more memory")

@@ -16,6 +16,7 @@ from chainrows.formats.native.footers import input_fingerprint
 from chainrows.inspection import page as P
 from chainrows.inspection.facts import generated_tokens, group_spread, read_report, sample
 from chainrows.options import Options
+from chainrows.outdir.atomic import notify_committed
 from chainrows.outdir.provenance import read_provenance
 from chainrows.progress import human_bytes
 
@@ -122,6 +123,7 @@ def write_report(out: str | os.PathLike, html_file: str | os.PathLike, *, data=N
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, dest)
+        notify_committed(dest)  # an interrupt from here on leaves a complete page: the command exits 0
     finally:
         tmp.unlink(missing_ok=True)
     masked = sum(1 for s in report.column("status").to_pylist() if s == "masked")

@@ -9,23 +9,26 @@ import pytest
 
 from chainrows.cli import COMMANDS, main
 
-POSITIONALS = {"reassemble": 2, "synth": 1, "import-jsonl": 4, "stats": 1, "import-gym": 2,
-               "export-gym": 4, "import-calls": 3}
+# Each command's arguments, "P" where a path goes (positional or an option's value).
+PATHS = {"reassemble": ["P", "P"], "synth": ["P", "--rollouts", "3"], "import-jsonl": ["P"] * 4,
+         "stats": ["P"], "import-gym": ["P", "P"], "export-gym": ["P"] * 4, "import-calls": ["P"] * 3,
+         "explain": ["P", "r1"], "inspect": ["P", "--data", "P", "--html", "P"],
+         "pack": ["P", "P", "--max-tokens", "10"]}
 BLANKS = ["", " ", "\t", " \n "]
 
 
 def test_every_command_is_covered():
-    assert set(POSITIONALS) == set(COMMANDS)
+    assert set(PATHS) == set(COMMANDS)
 
 
-@pytest.mark.parametrize("command", sorted(POSITIONALS))
+@pytest.mark.parametrize("command", sorted(PATHS))
 @pytest.mark.parametrize("blank", BLANKS)
 def test_blank_path_is_a_usage_error(command, blank, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in").mkdir()
-    for k in range(POSITIONALS[command]):
-        argv = [command] + [blank if i == k else f"p{i}" for i in range(POSITIONALS[command])]
-        argv += ["--rollouts", "3"] if command == "synth" else []
+    args = PATHS[command]
+    for k in [i for i, a in enumerate(args) if a == "P"]:
+        argv = [command] + [(blank if i == k else f"p{i}") if a == "P" else a for i, a in enumerate(args)]
         with pytest.raises(SystemExit) as info:
             main(argv)
         err = capsys.readouterr().err.strip().splitlines()
@@ -53,7 +56,10 @@ def test_check_destination_refuses_a_blank_path(tmp_path):
      for v in ("-1", str(1 << 64), "1e3", "nan", "")] + [
     ["synth", "o", "--mean-gen-tokens", str(1 << 31)], ["synth", "o", "--corrupt-rate", "1e400"],
     ["synth", "o", "--fork-rate", "-inf"],
-])
+] + [["inspect", "o", "--html", "f.html", "--sample", v] for v in ("0", "-1", str(1 << 64), "1e400", "nan")] + [
+    ["pack", "o", "p", "--max-tokens", v] for v in ("0", "-1", str(1 << 64), "1e400", "nan")
+] + [["pack", "o", "p", "--max-tokens", "100", opt, v] for opt in ("--world-size", "--seed")
+     for v in ("-1", str(1 << 64), "1e400", "nan")])
 def test_numeric_option_it_cannot_represent_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)
