@@ -12,6 +12,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support.cli_worker import default_sigint
 from tests.support.paths import REPO
 
 LATE = r"""
@@ -46,7 +47,7 @@ def _complete(out) -> bool:
 @pytest.mark.parametrize("where", ["summary", "shutdown"])
 def test_interrupt_after_the_commit_exits_0(tmp_path, where):
     res = subprocess.run([sys.executable, "-c", LATE, where, str(tmp_path / "o")], capture_output=True,
-                         text=True, env=_env(), timeout=120)
+                         text=True, env=_env(), timeout=120, preexec_fn=default_sigint)
     assert res.returncode == 0 and _complete(tmp_path / "o"), res.stderr
     assert "Traceback" not in res.stderr and "no output written" not in res.stderr, res.stderr
     assert res.stdout.startswith("chainrows synth"), res.stdout
@@ -65,7 +66,7 @@ def test_interrupt_at_random_moments(tmp_path):
     for k in range(16):
         out = tmp_path / f"o{k}"
         proc = subprocess.Popen(argv[:4] + [str(out)] + argv[5:], env=_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
         time.sleep(rng.uniform(0.5, 1.1) * span)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
