@@ -75,3 +75,28 @@ def test_interrupt_at_random_moments(tmp_path):
         assert _complete(out) == (proc.returncode == 0), (proc.returncode, stderr)
         seen.add(proc.returncode)
     assert seen == {0, 130}, seen
+
+
+def test_an_interrupt_waits_for_numbas_compiler_lock():
+    """SIGINT while the main thread holds Numba's compiler lock (compiling a kernel, or loading
+    one from the cache, inside LLVM's bindings) is raised only once the lock is free: raised
+    inside, it left half-made LLVM objects whose finalizers crashed the process (SIGSEGV)."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    from chainrows import cli as cli_module
+
+    previous = signal.getsignal(signal.SIGALRM)
+    cli_module._settled.clear()
+    cli_module._committed.clear()
+    try:
+        with global_compiler_lock:
+            cli_module._on_sigint(signal.SIGINT, None)  # deferred: nothing raised in here
+            time.sleep(0.1)  # the recheck finds the lock still held
+        with pytest.raises(KeyboardInterrupt):
+            time.sleep(2)  # the recheck raises it now
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        cli_module._deferred.clear()
+        cli_module._alarm.clear()
+        cli_module._settled.set()
