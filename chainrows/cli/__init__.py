@@ -369,12 +369,12 @@ def _let_go() -> bool:
 
 
 def _on_sigint(signum, frame):
-    if not _let_go() and not _defer(KeyboardInterrupt):
+    if not _let_go() and not _defer(KeyboardInterrupt, frame):
         raise KeyboardInterrupt
 
 
 def _on_sigterm(signum, frame):
-    if _let_go() or _defer(Terminated):
+    if _let_go() or _defer(Terminated, frame):
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup short
     raise Terminated()
@@ -392,11 +392,24 @@ def _in_numba() -> bool:
     return lock is not None and lock.global_compiler_lock.is_locked()
 
 
-def _defer(kind) -> bool:
+def _in_finalizer(frame) -> bool:
+    """The signal arrived inside a finalizer or a callback (``__del__``, an import lock's weakref
+    callback), where Python swallows any exception ("Exception ignored in ..."): the interrupt
+    would be lost."""
+    for _ in range(12):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "__del__" or frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _defer(kind, frame) -> bool:
     """Whether the interrupt ``kind`` waits: raised inside LLVM's bindings it leaves half-made
-    objects whose finalizers then crash the process (SIGSEGV; found by the fuzz campaign). It is
-    raised by :func:`_on_recheck` once the lock is released."""
-    if not _in_numba():
+    objects whose finalizers then crash the process (SIGSEGV; found by the fuzz campaign), and
+    raised inside a finalizer it is swallowed. :func:`_on_recheck` raises it once out of both."""
+    if not _in_numba() and not _in_finalizer(frame):
         return False
     if not _deferred:
         _deferred.append(kind)
@@ -408,7 +421,7 @@ def _defer(kind) -> bool:
 
 
 def _on_recheck(signum, frame):
-    if _in_numba():
+    if _in_numba() or _in_finalizer(frame):
         signal.setitimer(signal.ITIMER_REAL, RECHECK_S)
         return
     kind = _deferred.pop() if _deferred else None

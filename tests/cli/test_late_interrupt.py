@@ -100,3 +100,30 @@ def test_an_interrupt_waits_for_numbas_compiler_lock():
         cli_module._deferred.clear()
         cli_module._alarm.clear()
         cli_module._settled.set()
+
+
+def test_an_interrupt_inside_a_finalizer_waits():
+    """SIGINT handled inside a ``__del__`` (Python swallows what a finalizer raises, so the
+    interrupt was lost: exit 0 and "Exception ignored in ..." on stderr) is raised once out."""
+    from chainrows import cli as cli_module
+
+    frames = []
+
+    class Dying:
+        def __del__(self):
+            frames.append(sys._getframe())
+
+    Dying()
+    previous = signal.getsignal(signal.SIGALRM)
+    cli_module._settled.clear()
+    cli_module._committed.clear()
+    try:
+        cli_module._on_sigint(signal.SIGINT, frames[0])  # deferred: nothing raised
+        with pytest.raises(KeyboardInterrupt):
+            time.sleep(2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        cli_module._deferred.clear()
+        cli_module._alarm.clear()
+        cli_module._settled.set()
