@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.support.cli_worker import CliResult, CliWorker
+from tests.support.cli_worker import CliResult, CliWorker, default_sigint
 from tests.support.footers import encode_struct, split
 from tests.support.oracle import check_against_oracle, option_args
 from tests.support.outputs import read_output
@@ -497,7 +497,8 @@ def run_kill(worker: CliWorker, case: Case, good: dict) -> tuple[CliResult, str 
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONFAULTHANDLER="1")
     env.pop("CHAINROWS_DEBUG", None)
     argv = [sys.executable, "-m", "chainrows", *case.argv] + (["--overwrite"] if case.kill["previous"] else [])
-    proc = subprocess.Popen(argv, cwd=case.dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, cwd=case.dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     at = case.kill["at"] * good["seconds"]
     # SIGKILL at any moment; the others once the interpreter has started (docs/fuzz.md: before
     # any chainrows code runs, ~50 ms, an interrupt is Python's own)

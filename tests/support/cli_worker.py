@@ -11,6 +11,7 @@ import json
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,13 @@ for line in sys.stdin:
             os.chdir(home)
     proto.write(json.dumps({"rc": rc}) + "\n"); proto.flush()
 """
+
+
+def default_sigint() -> None:
+    """In the child, before it runs: SIGINT's default disposition. A campaign started in the
+    background by a shell (``cmd &``) has SIGINT ignored, which children inherit and Python then
+    leaves alone, so the SIGINT cases would test nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def without_compile_notice(stderr: str) -> str:
