@@ -89,6 +89,9 @@ def make_base(root: Path) -> Path:
             f.write(json.dumps(rec) + "\n")
     shutil.copytree(REPO / "examples" / "gym" / "raw", base / "raw")
     shutil.copytree(REPO / "examples" / "gym" / "dump", base / "dump")
+    from chainrows.runners.bulk import run as reassemble_dir
+
+    reassemble_dir(base / "data", base / "reassembled")  # what inspect and pack read
     (base / "done").touch()
     return base
 
@@ -274,7 +277,12 @@ def make_cli(rng, d, base, index) -> Case:
     good = {"reassemble": ["data", "out"], "stats": ["data"], "synth": ["out"],
             "import-jsonl": ["raw/ledger.jsonl", "raw/tokens.jsonl", "raw/results.jsonl", "out"],
             "export-gym": ["raw/ledger.jsonl", "raw/tokens.jsonl", "raw/results.jsonl", "out"],
-            "import-gym": ["dump", "out"], "import-calls": ["calls.jsonl", "calls-results.jsonl", "out"]}[command]
+            "import-gym": ["dump", "out"], "import-calls": ["calls.jsonl", "calls-results.jsonl", "out"],
+            "explain": ["data", "r00000003"], "inspect": ["reassembled", "--data", "data", "--html", "pages/page.html"],
+            "pack": ["reassembled", "out", "--max-tokens", "4096"]}[command]
+    if command in ("inspect", "pack"):
+        shutil.copytree(base / "reassembled", d / "reassembled")
+        (d / "pages").mkdir()
     if command == "import-gym":
         shutil.copytree(base / "dump", d / "dump")
     if command == "import-calls":
@@ -282,13 +290,20 @@ def make_cli(rng, d, base, index) -> Case:
         shutil.copy(base / "calls-results.jsonl", d)
     args = list(good)
     for i in range(len(args)):
+        if args[i].startswith("--") or (i and args[i - 1] == "--max-tokens"):
+            continue
+        if i and args[i - 1] == "--html":  # the page is OUT's one file: only refusals, never a stray write
+            args[i] = rng.choice(("", " ", "\t", args[i], args[i]))
+            continue
         if rng.random() < 0.25:
             args[i] = rng.choice(("", " ", "\t", "missing", "file", ".", "data", "data/inner", "out/../out",
                                   "-", "é" * 40, "a" * 300, "raw"))
     options = {"reassemble": ["--memory-budget", "--threads", "--mode", "--buckets", "--steps", "--hold-runs"],
                "stats": ["--memory-budget", "--threads"], "import-gym": ["--memory-budget", "--threads"],
                "import-calls": ["--memory-budget", "--on-drift"],
-               "synth": ["--rollouts", "--seed", "--group-size", "--corrupt-rate", "--worker-rate", "--workers"]
+               "synth": ["--rollouts", "--seed", "--group-size", "--corrupt-rate", "--worker-rate", "--workers"],
+               "explain": ["--mode", "--plan", "--baseline"], "inspect": ["--sample"],
+               "pack": ["--max-tokens", "--world-size", "--seed", "--window"],
                }.get(command, [])
     extra = []
     for opt in options:
@@ -298,14 +313,16 @@ def make_cli(rng, d, base, index) -> Case:
         extra += ["--rollouts", "5"]
     if rng.random() < 0.2:
         extra.append(rng.choice(("--overwrite", "--resume", "--no-progress", "--bogus", "--ray=")))
-    out = args[-1] if command not in ("stats",) else None
+    out = {"stats": None, "explain": None, "inspect": "pages"}.get(command, args[1] if command == "pack" else args[-1])
     if out and rng.random() < 0.3 and out == "out":  # OUT exists: empty, or holding a result
         (d / "out").mkdir()
         if rng.random() < 0.5:
             (d / "out" / "keep.txt").write_text("mine\n")
-    inputs = [a for a in (args[:-1] if out else args) if a.strip() and _exists(d / a)]
+    written = [] if command == "inspect" else [out] if out else []
+    inputs = [a for a in args if a not in written and not a.startswith("--") and a.strip() and _exists(d / a)]
     tables = {"reassemble": ("rows", "report"), "export-gym": ("receipts.jsonl",),
-              "import-calls": ("ledger", "tokens", "rollouts", "import_report")}.get(command, TABLES)
+              "import-calls": ("ledger", "tokens", "rollouts", "import_report"),
+              "inspect": ("page.html",), "pack": ("packing",)}.get(command, TABLES)
     return Case("cli", index, d, [command, *args, *extra], out, inputs + ["raw", "file"], tables=tables,
                 notes=command)
 
