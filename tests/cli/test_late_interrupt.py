@@ -89,12 +89,15 @@ def test_an_interrupt_waits_for_numbas_compiler_lock():
     previous = signal.getsignal(signal.SIGALRM)
     cli_module._settled.clear()
     cli_module._committed.clear()
+    inside = []
     try:
-        with global_compiler_lock:
-            cli_module._on_sigint(signal.SIGINT, None)  # deferred: nothing raised in here
-            time.sleep(0.1)  # the recheck finds the lock still held
         with pytest.raises(KeyboardInterrupt):
+            with global_compiler_lock:
+                cli_module._on_sigint(signal.SIGINT, None)  # deferred: nothing raised in here
+                time.sleep(0.1)  # the recheck finds the lock still held
+                inside.append("done")
             time.sleep(2)  # the recheck raises it now
+        assert inside == ["done"]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -118,10 +121,13 @@ def test_an_interrupt_inside_a_finalizer_waits():
     previous = signal.getsignal(signal.SIGALRM)
     cli_module._settled.clear()
     cli_module._committed.clear()
+    said = []
     try:
-        cli_module._on_sigint(signal.SIGINT, frames[0])  # deferred: nothing raised
         with pytest.raises(KeyboardInterrupt):
+            cli_module._on_sigint(signal.SIGINT, frames[0])  # deferred: nothing raised
+            said.append("deferred")
             time.sleep(2)
+        assert said == ["deferred"]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
