@@ -545,16 +545,13 @@ def advantages(rollouts: list, statuses: dict, options: Options) -> dict:
         else:
             pop = [ro for ro in finite if statuses[ro.rollout_id] == "ok"]
         n = len(pop)
-        # Exact rational arithmetic (fractions.Fraction) up to the last division, on rewards
-        # scaled by a power of two above half the group's largest |reward| (exact), so that
-        # the variance converts to a float without overflow; A is scale-invariant (eps scales
-        # along). Each advantage is then the exact §5 value rounded once or twice.
-        top = max((abs(float(ro.record["reward"])) for ro in finite), default=0.0)
-        scale = math.ldexp(1.0, math.frexp(top)[1] - 1)  # |reward| / scale < 2; 2.0**1024 is inf
-        exact = {id(ro): Fraction(float(ro.record["reward"])) / Fraction(scale) for ro in finite}
+        # Exact rational arithmetic (fractions.Fraction) throughout, no scaling: the mean, the
+        # variance and each deviation are exact; the std is the square root rounded once at the
+        # variance's own scale (sqrt_fraction); each advantage is rounded once, at the end.
+        exact = {id(ro): Fraction(float(ro.record["reward"])) for ro in finite}
         if n >= 2:
             mean = sum(exact[id(ro)] for ro in pop) / n
-            std = math.sqrt(sum((exact[id(ro)] - mean) ** 2 for ro in pop) / (n - 1))
+            std = sqrt_fraction(sum((exact[id(ro)] - mean) ** 2 for ro in pop) / (n - 1))
         for ro in members:
             if not is_finite(ro.record["reward"]):
                 result[ro.rollout_id] = None
@@ -567,13 +564,18 @@ def advantages(rollouts: list, statuses: dict, options: Options) -> dict:
                 base = sum(exact[id(m)] for m in pop if m is not ro) / (n - 1)
             else:
                 base = mean
-            if options.no_std:
-                dev = (r - base) * Fraction(scale)
-                a = max(-ADVANTAGE_LIMIT, min(ADVANTAGE_LIMIT, dev))
-            else:
-                a = float(r - base) / (std + EPSILON / scale)
-            result[ro.rollout_id] = float(max(-ADVANTAGE_LIMIT, min(ADVANTAGE_LIMIT, a)))
+            a = r - base if options.no_std else (r - base) / (std + Fraction(EPSILON))
+            result[ro.rollout_id] = float(max(Fraction(-ADVANTAGE_LIMIT), min(Fraction(ADVANTAGE_LIMIT), a)))
     return result
+
+
+def sqrt_fraction(v: Fraction) -> Fraction:
+    """The square root of a non-negative rational, rounded once to a float at ``v``'s own
+    scale (``v / 4**k`` is near 1, so the conversion neither overflows nor underflows)."""
+    if v == 0:
+        return Fraction(0)
+    k = (v.numerator.bit_length() - v.denominator.bit_length()) // 2
+    return Fraction(math.sqrt(float(v / Fraction(4) ** k))) * Fraction(2) ** k
 
 
 # --------------------------------------------------------------------------------------------
