@@ -377,9 +377,12 @@ RECHECK_S = 0.02
 
 def _in_numba() -> bool:
     """The main thread holds Numba's compiler lock: it is compiling a kernel or loading one from
-    the cache, in LLVM's bindings. (Only asked when numba is already imported.)"""
-    lock = sys.modules.get("numba.core.compiler_lock")
-    return lock is not None and lock.global_compiler_lock.is_locked()
+    the cache, in LLVM's bindings. (Only asked when numba is already imported; a module still
+    being imported, as when the signal arrives during numba's own import, may not have the
+    lock yet: then nothing holds it.)"""
+    module = sys.modules.get("numba.core.compiler_lock")
+    lock = getattr(module, "global_compiler_lock", None)
+    return lock is not None and lock.is_locked()
 
 
 def _in_finalizer(frame) -> bool:

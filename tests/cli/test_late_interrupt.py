@@ -134,3 +134,15 @@ def test_an_interrupt_inside_a_finalizer_waits():
         cli_module._deferred.clear()
         cli_module._alarm.clear()
         cli_module._settled.set()
+
+
+def test_an_interrupt_during_numbas_own_import_is_not_an_internal_error(monkeypatch):
+    """Found by the long fuzz campaign (seed 1014, kills 87): SIGINT while numba's modules were
+    still being imported found ``numba.core.compiler_lock`` in sys.modules without its lock
+    yet, and the check raised AttributeError (exit 1) instead of letting the interrupt through."""
+    import types
+
+    import chainrows.cli as cli
+
+    monkeypatch.setitem(sys.modules, "numba.core.compiler_lock", types.ModuleType("numba.core.compiler_lock"))
+    assert cli._in_numba() is False
