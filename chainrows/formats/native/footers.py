@@ -28,6 +28,7 @@ import xxhash
 
 from chainrows.errors import InputError
 from chainrows.formats.native.guard import check_footer
+from chainrows.formats.native.thrift import unzigzag, varint
 
 
 @dataclass(frozen=True)
@@ -236,28 +237,11 @@ def _struct_end(buf: bytes, pos: int, depth: int, ids: list[int] | None = None) 
         if byte >> 4:  # the id as a delta from the previous field's
             field += byte >> 4
         else:
-            raw, pos = _varint(buf, pos)
-            field = _unzigzag(raw)
+            raw, pos = varint(buf, pos)
+            field = unzigzag(raw)
         if ids is not None:
             ids.append(field)
         pos = _skip(buf, pos, kind, in_field=True, depth=depth)
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 70:
-            raise ValueError("varint too long")
-
-
-def _unzigzag(n: int) -> int:
-    return (n >> 1) ^ -(n & 1)
 
 
 def _skip(buf: bytes, pos: int, kind: int, in_field: bool = False, depth: int = 0) -> int:
@@ -270,23 +254,23 @@ def _skip(buf: bytes, pos: int, kind: int, in_field: bool = False, depth: int = 
     if kind == 3:  # byte
         return pos + 1
     if kind in (4, 5, 6):  # i16, i32, i64
-        return _varint(buf, pos)[1]
+        return varint(buf, pos)[1]
     if kind == 7:  # double
         return pos + 8
     if kind == 8:  # binary
-        n, pos = _varint(buf, pos)
+        n, pos = varint(buf, pos)
         return pos + n
     if kind in (9, 10):  # list, set
         head = buf[pos]
         pos += 1
         n, elem = head >> 4, head & 0x0F
         if n == 15:
-            n, pos = _varint(buf, pos)
+            n, pos = varint(buf, pos)
         for _ in range(n):
             pos = _skip(buf, pos, elem, depth=depth + 1)
         return pos
     if kind == 11:  # map
-        n, pos = _varint(buf, pos)
+        n, pos = varint(buf, pos)
         if n:
             types = buf[pos]
             pos += 1

@@ -54,8 +54,8 @@ def _struct(buf, pos: int, depth: int) -> tuple[Struct, int]:
         if byte >> 4:
             field += byte >> 4
         else:
-            raw, pos = _varint(buf, pos)
-            field = _unzigzag(raw)
+            raw, pos = varint(buf, pos)
+            field = unzigzag(raw)
         if kind in (TRUE, FALSE):
             value = kind == TRUE
         else:
@@ -70,12 +70,12 @@ def _value(buf, pos: int, kind: int, depth: int):
     if kind == BYTE:
         return buf[pos], pos + 1
     if kind in (I16, I32, I64):
-        raw, pos = _varint(buf, pos)
-        return _unzigzag(raw), pos
+        raw, pos = varint(buf, pos)
+        return unzigzag(raw), pos
     if kind == DOUBLE:
         return struct.unpack_from("<d", buf, pos)[0], pos + 8
     if kind == BINARY:
-        n, pos = _varint(buf, pos)
+        n, pos = varint(buf, pos)
         if pos + n > len(buf):
             raise ValueError("footer ends inside a binary field")
         return bytes(buf[pos:pos + n]), pos + n
@@ -84,7 +84,7 @@ def _value(buf, pos: int, kind: int, depth: int):
         pos += 1
         n, elem = head >> 4, head & 0x0F
         if n == 15:
-            n, pos = _varint(buf, pos)
+            n, pos = varint(buf, pos)
         if n > len(buf) - pos and elem not in (TRUE, FALSE):  # each element takes a byte or more
             raise ValueError("list longer than the footer")
         items = List(elem)
@@ -93,7 +93,7 @@ def _value(buf, pos: int, kind: int, depth: int):
             items.append(v)
         return items, pos
     if kind == MAP:
-        n, pos = _varint(buf, pos)
+        n, pos = varint(buf, pos)
         out = {}
         if n:
             types = buf[pos]
@@ -108,7 +108,9 @@ def _value(buf, pos: int, kind: int, depth: int):
     raise ValueError(f"unknown compact type {kind} in the footer")
 
 
-def _varint(buf, pos: int) -> tuple[int, int]:
+def varint(buf, pos: int) -> tuple[int, int]:
+    """A Thrift compact (ULEB128) varint at ``buf[pos]``: (value, the position after it).
+    Raises ValueError past 10 bytes; IndexError past the buffer's end."""
     value, shift = 0, 0
     while True:
         b = buf[pos]
@@ -121,5 +123,6 @@ def _varint(buf, pos: int) -> tuple[int, int]:
             raise ValueError("varint too long in the footer")
 
 
-def _unzigzag(n: int) -> int:
+def unzigzag(n: int) -> int:
+    """A zigzag-encoded integer decoded (0, -1, 1, -2, ... from 0, 1, 2, 3, ...)."""
     return (n >> 1) ^ -(n & 1)
