@@ -1,24 +1,12 @@
-"""``python -m chainrows.cli ...``: the same as the ``chainrows`` command."""
+"""``python -m chainrows.cli ...``: the same as the ``chainrows`` command.
 
-import signal
+Python imports the package ``chainrows.cli`` before this module runs, so an early SIGTERM
+handler here would come after the imports it is meant to cover; ``python -m chainrows``
+(chainrows/__main__.py) installs one before importing anything."""
+
 import sys
 
-_TERMINATED = []
-
-
-def _terminated_early(signum, frame):
-    """SIGTERM while the command's module loads (before chainrows.cli handles it): as later."""
-    _TERMINATED.append(signum)
-    raise KeyboardInterrupt
-
+from chainrows.cli import console_main
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminated_early)
-    try:  # an interrupt while the command's own module loads: the same line and code as later
-        from chainrows.cli import console_main
-    except KeyboardInterrupt:
-        print(f"chainrows: {'terminated (SIGTERM)' if _TERMINATED else 'interrupted'}; no output written",
-              file=sys.stderr)
-        sys.exit(143 if _TERMINATED else 130)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # chainrows.cli installs its own
     sys.exit(console_main())
