@@ -1,25 +1,26 @@
-"""The driver of a Ray run: check the input, build the Ray Data pipeline, commit the outputs.
+"""The driver of a Ray run: check the input, launch the tasks, commit the outputs.
 
-Pipeline, one Ray Data execution (each arrow after the read is a hash shuffle or a sort):
+Tasks (chainrows.runners.ray.tasks), Arrow tables from end to end, one shuffle of the input:
 
-    read_datasource (one task per input file: checked, normalized, tagged rows)
-      -> groupby(_rkey).map_groups(route)       every row of a rollout in one task: its bucket
-      -> groupby(_bucket).map_groups(decide)    whole GRPO groups through the engine
-      -> sort(rollout_id, _out, segment)        rows and report rows in one ordered stream
-      -> map_batches(write_part)                each sorted block: a rows part, a report part
+    rollout_keys  one per rollouts file     -> the group map (rollout -> bucket) and the
+                                               output ranges' bounds, built here
+    split_file    one per input file        -> the file's rows, one piece per bucket
+    decide        one per bucket            -> whole GRPO groups through the engine; rows and
+                                               report, one piece per output range
+    write_range   one per output range      -> one rows part and one report part
 
-The commit names the parts in sort order, so reading ``OUT/rows`` and ``OUT/report`` in file-name
-order gives the tables of the single-process run.
+Every task is launched at once (Ray starts each when its inputs exist). Output ranges are
+rollout-id ranges, in order, so naming the parts by range makes ``OUT/rows`` and ``OUT/report``,
+read in file-name order, the tables of the single-process run.
 """
 
 from __future__ import annotations
 
-import json
-import logging
+import contextlib
 import math
 import time
 
-import pyarrow.fs as pafs
+import numpy as np
 
 from chainrows.api import run_tables
 from chainrows.formats.native.dataset import Totals
@@ -27,12 +28,13 @@ from chainrows.formats.native.footers import input_fingerprint
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.options import Options
 from chainrows.outdir.provenance import make_provenance, with_provenance
+from chainrows.progress import Progress
 from chainrows.runners.bulk.summary import Summary
 from chainrows.runners.ray import tasks
 from chainrows.runners.ray.cluster import connected, input_error_in
 from chainrows.runners.ray.commit import Staging
-from chainrows.runners.ray.route import BUCKET_COL
-from chainrows.runners.ray.source import RKEY_COL, Location, check_tables, datasource, locate
+from chainrows.runners.ray.route import GroupMap, range_bounds
+from chainrows.runners.ray.source import Location, check_tables, locate
 
 BUCKET_BYTES = 256 << 20  # decoded input per decide task (footer estimate): the engine holds a few times this
 TASKS_PER_CPU = 2
@@ -46,10 +48,11 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     ``dataset``, ``out``: local paths (on a shared mount for a multi-node cluster) or
     pyarrow-filesystem URIs. ``address``: None starts a local Ray with ``num_cpus`` CPUs;
     ``auto`` or ``ray://host:port`` joins a cluster. ``buckets``: decide tasks (default: from
-    the input size and the cluster's CPUs). ``progress``: Ray Data's progress bars (None: Ray's
-    default). ``engine(ledger, tokens, rollouts, options)``: the in-memory engine each task runs
-    (a seam for tests). ``records``: a list that receives one dict per decide task (bucket,
-    bytes in and out, seconds), for measurements. ``worker_logs``: copy the workers' output to
+    the input size and the cluster's CPUs). ``progress``: a progress line per stage on stderr
+    (None: when stderr is a terminal). ``engine(ledger, tokens, rollouts, options)``: the
+    in-memory engine each task runs (a seam for tests). ``records``: a list that receives one
+    dict per decide task (bucket, bytes in and out, seconds, the Ray node that ran it), for
+    measurements. ``worker_logs``: copy the workers' output to
     this process's stderr (chainrows.runners.ray.cluster.connected).
 
     Unusable input raises InputError (the single-process messages), before Ray starts when the
@@ -63,18 +66,11 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     has_lp = "logprobs" in tables["tokens"].columns
     prov = make_provenance(options, input_fingerprint([p for t in tables.values() for p in t.paths], src.path, src.fs))
     with connected(address, num_cpus, worker_logs=worker_logs) as ray:
-        from ray.data import DataContext
-
-        ctx = DataContext.get_current()
-        if progress is not None:
-            ctx.enable_progress_bars = progress
-        if progress is False:  # no bars: no "Starting execution" lines either
-            logging.getLogger("ray.data").setLevel(logging.WARNING)
         n = buckets or max(TASKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)),
                            math.ceil(sizes.decoded / BUCKET_BYTES))
         try:
             with Staging(dst) as stage:
-                got = _pipeline(ray, src, dst, stage, tables, options, n, has_lp, engine, prov)
+                got = _pipeline(ray, src, dst, stage, tables, options, n, has_lp, engine, prov, progress)
         except Exception as exc:
             found = input_error_in(exc)
             if found is not None and found is not exc:
@@ -86,46 +82,75 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     for r in got:
         summary.merge(Summary.from_counts(r["counts"]))
     if records is not None:
-        records.extend({k: r[k] for k in ("bucket", "in_bytes", "out_bytes", "seconds")} for r in got)
+        records.extend({k: r[k] for k in ("bucket", "in_bytes", "out_bytes", "seconds", "node")} for r in got)
     summary.seconds = time.perf_counter() - t0
     return summary
 
 
 def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options, n: int, has_lp: bool,
-              engine, prov: dict) -> list[dict]:
-    """Run the pipeline and place its parts (both outputs carrying ``prov``); returns the decide
+              engine, prov: dict, progress: bool | None) -> list[dict]:
+    """Run the tasks and place their parts (both outputs carrying ``prov``); returns the decide
     tasks' records in bucket order."""
-    source, _ = datasource(src, tables, n)
-    records_dir, parts_dir = f"{stage.root}/records", f"{stage.root}/parts"
-    for d in (records_dir, f"{parts_dir}/rows", f"{parts_dir}/report"):
+    parts_dir = f"{stage.root}/parts"
+    for d in (f"{parts_dir}/rows", f"{parts_dir}/report"):
         dst.fs.create_dir(d, recursive=True)
-    files = max(1, sum(len(t.paths) for t in tables.values()))
-    # one block per file read: Ray Data would otherwise split the reads into ~200 small blocks
-    parts = (ray.data.read_datasource(source, override_num_blocks=files)
-             .groupby(RKEY_COL, num_partitions=n)
-             .map_groups(tasks.route, fn_args=(n,), batch_format="pyarrow")
-             .groupby(BUCKET_COL, num_partitions=n)
-             .map_groups(tasks.decide, batch_format="pyarrow",
-                         fn_kwargs=dict(tables=tables, options=options, fs=dst.fs, records_dir=records_dir,
-                                        has_logprobs=has_lp, engine=engine))
-             .sort(tasks.SORT_KEYS)
-             .map_batches(tasks.write_part, batch_size=None, batch_format="pyarrow",
-                          fn_kwargs=dict(fs=dst.fs, parts_dir=parts_dir, has_logprobs=has_lp, provenance=prov))
-             .take_all())
+    launched: list = []  # the first return of every task, for cancelling on an error
+    try:
+        groups, bounds = _group_map(ray, src, tables, n, launched, progress)
+        plan = tasks.Plan(tables, src.fs, dst.fs, parts_dir, options, has_lp, n, bounds, prov, engine)
+        plan_ref, groups_ref = ray.put(plan), ray.put(groups)
+        split = ray.remote(tasks.split_file).options(num_returns=n + 1)
+        splits = [split.remote(plan_ref, name, i, groups_ref) for name, i in plan.files()]
+        launched += [s[0] for s in splits]
+        decide = ray.remote(tasks.decide).options(num_returns=plan.ranges + 1)
+        decided = [decide.remote(plan_ref, b, *[s[1 + b] for s in splits]) for b in range(n)]
+        launched += [d[0] for d in decided]
+        write = ray.remote(tasks.write_range)
+        written = [write.remote(plan_ref, r, *[d[1 + r] for d in decided]) for r in range(plan.ranges)]
+        launched += written
+        _wait(ray, [s[0] for s in splits], "read", progress)
+        records = _wait(ray, [d[0] for d in decided], "decide", progress)
+        parts = [p for got in _wait(ray, written, "write", progress) for p in got]
+    except BaseException:
+        for ref in launched:  # a cluster keeps running what a failed driver leaves
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+        raise
     for name, schema in (("rows", rows_schema(has_lp)), ("report", REPORT_SCHEMA)):
-        # sorted blocks cover disjoint key ranges: their first keys order them
-        mine = sorted((p for p in parts if p["output"] == name), key=lambda p: (p["first_id"], p["first_segment"]))
-        files = [p["file"] for p in mine]
+        files = [p["file"] for p in sorted(parts, key=lambda p: p["range"]) if p["output"] == name]
         if not files:  # an empty output is one empty part, as the single-process run writes one
             files = [f"{parts_dir}/{name}/empty.parquet"]
             tasks.write_parquet(dst.fs, files[0], with_provenance(schema.empty_table(), prov))
         stage.place(name, files)
-    records = []
-    for info in dst.fs.get_file_info(pafs.FileSelector(records_dir)):
-        if info.base_name.endswith(".json"):
-            with dst.fs.open_input_stream(info.path) as f:
-                records.append(json.loads(f.read()))
     return sorted(records, key=lambda r: r["bucket"])
+
+
+def _group_map(ray, src: Location, tables, n: int, launched: list, progress: bool | None):
+    """The rollouts table's group map (chainrows.runners.ray.route.GroupMap) for ``n`` buckets,
+    and the output ranges' bounds (one range per bucket), from one task per rollouts file."""
+    tf = tables["rollouts"]
+    keys = ray.remote(tasks.rollout_keys).options(num_returns=1)
+    refs = [keys.remote(src.fs, tf, i) for i in range(len(tf.paths))]
+    launched += refs
+    got = _wait(ray, refs, "rollouts", progress)
+    hashes = np.concatenate([g[0] for g in got]) if got else np.zeros(0, np.uint64)
+    group_keys = np.concatenate([g[1] for g in got]) if got else np.zeros(0, np.uint64)
+    return GroupMap.build(hashes, group_keys, n), range_bounds([g[2] for g in got], n)
+
+
+def _wait(ray, refs: list, label: str, progress: bool | None) -> list:
+    """The values of ``refs`` (small task results), in order, as they finish; a failed task's
+    error is raised as soon as it is known."""
+    bar = Progress(label, len(refs), enabled=progress, unit="count")
+    pending, index = list(refs), {ref: k for k, ref in enumerate(refs)}
+    values: list = [None] * len(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+        for ref in ready:
+            values[index[ref]] = ray.get(ref)
+        bar.advance(len(ready))
+    bar.close()
+    return values
 
 
 def _input_totals(src: Location, tables) -> Totals:

@@ -1,6 +1,6 @@
-"""Where a dataset lives and how Ray Data reads it: locations (local paths or pyarrow-filesystem
-URIs), the driver-side check of every table's files, and the Ray Data datasource whose read
-tasks produce checked, normalized rows in one wide schema.
+"""Where a dataset lives and how a Ray task reads it: locations (local paths or pyarrow-filesystem
+URIs), the driver-side check of every table's files, and the per-file read that yields checked,
+normalized tables.
 
 The check and the normalization are the single-process reader's own
 (:func:`chainrows.formats.native.dataset.plan_table`, :func:`~chainrows.formats.native.dataset.validate_schema`,
@@ -17,7 +17,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -26,12 +25,8 @@ from chainrows.errors import InputError
 from chainrows.formats.native import dataset as dsio
 from chainrows.formats.native.dataset import CANONICAL, TABLES, iter_file_tables, plan_table, validate_schema
 from chainrows.formats.native.footers import reading
-from chainrows.runners.bulk.partition import string_hashes
 
-TAG = {name: i for i, name in enumerate(TABLES)}  # ledger 0, tokens 1, rollouts 2
-ROW_BITS = 40  # _seq = file index << ROW_BITS | row in file: the input's read order
 READ_BATCH_ROWS = 65_536
-TABLE_COL, SEQ_COL, RKEY_COL = "_table", "_seq", "_rkey"
 
 
 @dataclass(frozen=True)
@@ -141,90 +136,20 @@ def _check_remote(loc: Location, name: str) -> TableFiles:
     return TableFiles(name, paths, shown, present, columns)
 
 
-def wide_schema(tables: dict[str, TableFiles]) -> pa.Schema:
-    """One schema for the rows of all three tables (a row's other tables' columns are null),
-    plus the table tag, the read-order sequence number and the routing key."""
-    fields: dict[str, pa.Field] = {}
-    for name in TABLES:
-        for f in tables[name].schema:
-            fields.setdefault(f.name, f)
-    return pa.schema([*fields.values(), pa.field(TABLE_COL, pa.int8()), pa.field(SEQ_COL, pa.int64()),
-                      pa.field(RKEY_COL, pa.int64())])
-
-
-def route_key(rollout_ids, partitions: int) -> np.ndarray:
-    """First routing key: a stable hash of the rollout id (collisions only put two rollouts in
-    one task; the routing there matches ids by value)."""
-    return (string_hashes(rollout_ids) % np.uint64(partitions)).astype(np.int64)
-
-
-def widen(table: pa.Table, name: str, file_index: int, row0: int, schema: pa.Schema,
-          partitions: int) -> pa.Table:
-    """A normalized table's rows in the wide schema, tagged with table, sequence and route key."""
-    n = table.num_rows
-    cols = []
-    for f in schema:
-        if f.name == TABLE_COL:
-            cols.append(pa.array(np.full(n, TAG[name], np.int8)))
-        elif f.name == SEQ_COL:
-            cols.append(pa.array((np.int64(file_index) << ROW_BITS) + row0 + np.arange(n, dtype=np.int64)))
-        elif f.name == RKEY_COL:
-            cols.append(pa.array(route_key(table.column("rollout_id"), partitions)))
-        elif f.name in table.column_names:
-            cols.append(table.column(f.name).cast(f.type))
-        else:
-            cols.append(pa.nulls(n, f.type))
-    return pa.Table.from_arrays(cols, schema=schema)
-
-
 ONE_LINE = "chainrows_message"  # attribute an InputError carries through Ray's wrapping
 
 
-def read_file(fs: pafs.FileSystem, tf: TableFiles, i: int, schema: pa.Schema, partitions: int):
-    """Yield file ``i`` of table ``tf`` as wide blocks: the single-process reader's checks and
-    normalization (same InputError messages), batch by batch. An InputError leaves with its
-    message also kept as an attribute, which survives pickling (Ray Data rewrites the args)."""
+def read_file(fs: pafs.FileSystem, tf: TableFiles, i: int, columns: list[str] | None = None):
+    """Yield file ``i`` of table ``tf`` batch by batch as normalized tables of ``columns``
+    (default: the table's columns): the single-process reader's checks and normalization, with
+    its InputError messages. An InputError leaves with its message also kept as an attribute,
+    which survives pickling (Ray rewrites a task's exception)."""
+    columns = tf.columns if columns is None else columns
+    read_cols = [c for c in tf.present[i] if c in columns]
     try:
-        yield from _read_file(fs, tf, i, schema, partitions)
+        for _, table in iter_file_tables(tf.name, tf.shown[i], columns, read_cols, READ_BATCH_ROWS,
+                                         open_file=lambda: fs.open_input_file(tf.paths[i])):
+            yield table
     except InputError as exc:
         setattr(exc, ONE_LINE, str(exc))
         raise
-
-
-def _read_file(fs, tf: TableFiles, i: int, schema: pa.Schema, partitions: int):
-    path, label, present = tf.paths[i], tf.shown[i], tf.present[i]
-    read_cols = [c for c in present if c in tf.columns]
-    rows_read = 0
-    for row0, table in iter_file_tables(tf.name, label, tf.columns, read_cols, READ_BATCH_ROWS,
-                                        open_file=lambda: fs.open_input_file(path)):
-        rows_read = row0 + table.num_rows
-        yield widen(table, tf.name, i, row0, schema, partitions)
-    if rows_read == 0:  # no rows (the footer says so, else the read raised): the schema
-        yield schema.empty_table()
-
-
-def datasource(loc: Location, tables: dict[str, TableFiles], partitions: int):
-    """A Ray Data datasource with one read task per input file (see :func:`read_file`)."""
-    from ray.data import Datasource, ReadTask
-    from ray.data.block import BlockMetadata
-
-    schema = wide_schema(tables)
-    fs = loc.fs
-
-    class ChainrowsTables(Datasource):
-        def estimate_inmemory_data_size(self):
-            return None
-
-        def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
-            tasks = []
-            for name in TABLES:
-                tf = tables[name]
-                for i in range(len(tf.paths)):
-                    meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=[tf.paths[i]],
-                                         exec_stats=None)
-                    tasks.append(ReadTask(lambda tf=tf, i=i: read_file(fs, tf, i, schema, partitions),
-                                          meta, schema=schema))
-            return tasks
-
-    return ChainrowsTables(), schema
-

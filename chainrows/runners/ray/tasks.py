@@ -1,16 +1,24 @@
-"""What Ray Data's tasks run: route a set of rollouts, decide a bucket of whole GRPO groups
-with the in-memory engine, and write a sorted block of the outputs as a Parquet part.
+"""What the Ray tasks of a run do, as plain functions (the driver wraps them in ``ray.remote``):
 
-Every task's files get a fresh name (a uuid) and are only used through the records the task
-returns; so a task that Ray retries after its worker died leaves at most an unreferenced file
-in the staging directory, which the commit discards with it.
+- :func:`rollout_keys`: one rollouts file -> its rows' rollout-id hashes and group keys, and a
+  sample of its ids (the driver builds the group map and the output ranges from these);
+- :func:`split_file`: one input file -> its rows cut into one piece per decide task;
+- :func:`decide`: one bucket's pieces -> the in-memory engine on its whole groups -> the rows
+  and report cut into one piece per output range;
+- :func:`write_range`: one range's pieces from every decide task -> one rows part and one
+  report part, sorted as the single-process run sorts them.
+
+Every file a task writes gets a fresh name (a uuid) and is used only through what the task
+returns; a task Ray retries after its worker died leaves at most an unreferenced file in the
+staging directory, which the commit discards with it.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -19,28 +27,129 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from chainrows.api import run_tables
+from chainrows.formats.native.dataset import TABLES
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.options import Options
 from chainrows.outdir.parquet import WRITE_OPTIONS, row_group_rows
 from chainrows.outdir.provenance import with_provenance
 from chainrows.runners.bulk.summary import Summary
-from chainrows.runners.ray.route import BUCKET_COL, add_buckets, split_tables
+from chainrows.runners.ray.route import GroupMap, cut_sorted, group_keys, sample_ids, split_by_bucket
+from chainrows.runners.ray.source import TableFiles, read_file
 
-OUT_COL = "_out"  # 0: a rows row, 1: a report row, in the one sorted output stream
-PART_RECORD = pa.schema([("output", pa.string()), ("file", pa.string()), ("first_id", pa.string()),
-                         ("first_segment", pa.int64()), ("num_rows", pa.int64())])
-
-
-def output_schema(has_logprobs: bool) -> pa.Schema:
-    """The rows and report columns in one schema (shared names have the same types) plus
-    ``_out``; the sort key is (rollout_id, _out, segment), segment 0 on report rows."""
-    fields = {f.name: f for f in rows_schema(has_logprobs)}
-    for f in REPORT_SCHEMA:
-        fields.setdefault(f.name, f)
-    return pa.schema([*fields.values(), pa.field(OUT_COL, pa.int8())])
+SAMPLE_IDS = 1024  # rollout ids per rollouts file for the output ranges' bounds
+ROWS_ORDER = [("rollout_id", "ascending"), ("segment", "ascending")]
+REPORT_ORDER = [("rollout_id", "ascending")]
 
 
-SORT_KEYS = ["rollout_id", OUT_COL, "segment"]
+@dataclass(frozen=True)
+class Plan:
+    """What every task of one run needs (put in Ray's object store once).
+
+    ``tables``: the checked input files; ``fs``: the input's filesystem; ``out_fs`` and
+    ``parts_dir``: where parts are staged; ``buckets``: decide tasks; ``bounds``: the output
+    ranges' rollout-id bounds (``len(bounds) + 1`` ranges); ``provenance``: the outputs'
+    metadata; ``engine(ledger, tokens, rollouts, options)``: the in-memory engine."""
+
+    tables: dict[str, TableFiles]
+    fs: pafs.FileSystem
+    out_fs: pafs.FileSystem
+    parts_dir: str
+    options: Options
+    has_logprobs: bool
+    buckets: int
+    bounds: pa.Array
+    provenance: dict
+    engine: Callable = run_tables
+
+    @property
+    def ranges(self) -> int:
+        return len(self.bounds) + 1
+
+    def files(self) -> list[tuple[str, int]]:
+        """Every input file as (table, index), tables in SPEC order, files in read order."""
+        return [(name, i) for name in TABLES for i in range(len(self.tables[name].paths))]
+
+
+def rollout_keys(fs: pafs.FileSystem, tf: TableFiles, i: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """Rollouts file ``i``: per row in read order (rollout-id hash, group key), and a sample of
+    its rollout ids (:func:`chainrows.runners.ray.route.sample_ids`)."""
+    hashes, keys, ids = [], [], []
+    for table in read_file(fs, tf, i, ["rollout_id", "group_id"]):
+        h, k = group_keys(table["rollout_id"], table["group_id"])
+        hashes.append(h)
+        keys.append(k)
+        ids.append(sample_ids(table["rollout_id"], SAMPLE_IDS))
+    sample = sample_ids(pa.chunked_array(ids, pa.string()), SAMPLE_IDS)
+    return (np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
+            np.concatenate(keys) if keys else np.zeros(0, np.uint64), sample)
+
+
+def split_file(plan: Plan, name: str, i: int, groups: GroupMap) -> tuple:
+    """File ``i`` of table ``name``: (info, piece for bucket 0, ..., piece for bucket B - 1);
+    a piece holds the file's rows of that bucket in read order, or is None. ``info``: rows
+    and Arrow bytes read."""
+    tf = plan.tables[name]
+    per_bucket: list[list[pa.Table]] = [[] for _ in range(plan.buckets)]
+    rows = nbytes = 0
+    for table in read_file(plan.fs, tf, i):
+        rows += table.num_rows
+        nbytes += table.nbytes
+        cut = split_by_bucket(table, groups.buckets_of(table["rollout_id"]), plan.buckets)
+        for b, piece in enumerate(cut):
+            if piece is not None:
+                per_bucket[b].append(piece)
+    pieces = [pa.concat_tables(p) if p else None for p in per_bucket]
+    return ({"table": name, "file": i, "rows": rows, "bytes": nbytes}, *pieces)
+
+
+def decide(plan: Plan, bucket: int, *pieces) -> tuple:
+    """Bucket ``bucket``'s pieces (one per input file, in :meth:`Plan.files` order) through the
+    engine: (record, piece for range 0, ..., piece for range R - 1), a range's piece being
+    (rows, report) or None. The record: bucket, counts, bytes in and out, seconds, node."""
+    t0 = time.perf_counter()
+    _one_thread_per_cpu()
+    files = plan.files()
+    tables = []
+    for name in TABLES:
+        mine = [p for (t, _), p in zip(files, pieces) if t == name and p is not None]
+        tables.append(pa.concat_tables(mine) if mine else plan.tables[name].schema.empty_table())
+    in_bytes = sum(t.nbytes for t in tables)
+    result = plan.engine(*tables, plan.options)
+    del tables, pieces
+    rows_cut = cut_sorted(result.rows["rollout_id"], plan.bounds)
+    report_cut = cut_sorted(result.report["rollout_id"], plan.bounds)
+    out = []
+    for r in range(plan.ranges):
+        rows = result.rows.slice(rows_cut[r], rows_cut[r + 1] - rows_cut[r])
+        report = result.report.slice(report_cut[r], report_cut[r + 1] - report_cut[r])
+        out.append((rows, report) if rows.num_rows or report.num_rows else None)
+    counts = Summary()
+    counts.add(result)
+    record = {"bucket": bucket, "counts": counts.counts_json(), "in_bytes": in_bytes,
+              "out_bytes": result.rows.nbytes + result.report.nbytes,
+              "seconds": time.perf_counter() - t0, "node": _node_id()}
+    return (record, *out)
+
+
+def write_range(plan: Plan, r: int, *pieces) -> list[dict]:
+    """Range ``r``'s pieces from every decide task: its rows and report as one Parquet part
+    each under ``parts_dir/{rows,report}/`` (with the provenance), sorted as the single-process
+    run sorts them. Returns one record per file written: output, file, range, rows."""
+    got = [p for p in pieces if p is not None]
+    records = []
+    for k, name, order, schema in ((0, "rows", ROWS_ORDER, rows_schema(plan.has_logprobs)),
+                                   (1, "report", REPORT_ORDER, REPORT_SCHEMA)):
+        parts = [p[k] for p in got if p[k].num_rows]
+        if not parts:
+            continue
+        table = pa.concat_tables(parts)
+        if len(parts) > 1:  # each part is sorted and holds whole rollouts: only their interleaving is new
+            table = table.take(pc.sort_indices(table, sort_keys=order))
+        path = f"{plan.parts_dir}/{name}/{uuid.uuid4().hex}.parquet"
+        schema = with_provenance(schema, plan.provenance)
+        write_parquet(plan.out_fs, path, table.select(schema.names).cast(schema))
+        records.append({"output": name, "file": path, "range": r, "rows": table.num_rows})
+    return records
 
 
 def write_parquet(fs: pafs.FileSystem, path: str, table: pa.Table) -> int:
@@ -50,67 +159,24 @@ def write_parquet(fs: pafs.FileSystem, path: str, table: pa.Table) -> int:
     return fs.get_file_info(path).size
 
 
-def route(rows: pa.Table, buckets: int) -> pa.Table:
-    """map_groups on ``_rkey``: every row of these rollouts with its ``_bucket``."""
-    return add_buckets(rows, buckets)
+def _one_thread_per_cpu() -> None:
+    """The engine's kernel threads: as many as Ray gave this task CPUs (Ray runs one task per
+    CPU; more threads would only compete with the neighbouring tasks)."""
+    import numba
+
+    try:
+        import ray
+
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    except Exception:  # not in a Ray worker (a test calling the task directly)
+        return
+    numba.set_num_threads(max(1, min(int(cpus), numba.config.NUMBA_NUM_THREADS)))
 
 
-def decide(rows: pa.Table, *, tables, options: Options, fs: pafs.FileSystem, records_dir: str,
-           has_logprobs: bool, engine=run_tables) -> pa.Table:
-    """map_groups on ``_bucket``: run ``engine`` (the in-memory ``chainrows.reassemble``) on the
-    bucket's whole groups; return its rows and report stacked in :func:`output_schema`. Its
-    record (counts, bytes in and out, seconds) goes to ``records_dir/b<bucket>.json`` (a
-    retried task rewrites the same file)."""
-    t0 = time.perf_counter()
-    bucket = int(rows[BUCKET_COL][0].as_py()) if rows.num_rows else -1
-    in_bytes = rows.nbytes
-    ledger, tokens, rollouts = split_tables(rows, tables)
-    del rows
-    result = engine(ledger, tokens, rollouts, options)
-    del ledger, tokens, rollouts
-    schema = output_schema(has_logprobs)
-    out = pa.concat_tables([_widen(result.rows, 0, schema), _widen(result.report, 1, schema)])
-    counts = Summary()
-    counts.add(result)
-    record = {"bucket": bucket, "counts": counts.counts_json(), "in_bytes": in_bytes,
-              "out_bytes": out.nbytes, "seconds": time.perf_counter() - t0}
-    path = f"{records_dir}/b{bucket:06d}.json"
-    with fs.open_output_stream(path + ".tmp") as f:
-        f.write(json.dumps(record).encode())
-    fs.move(path + ".tmp", path)
-    return out
+def _node_id() -> str | None:
+    try:
+        import ray
 
-
-def _widen(table: pa.Table, out: int, schema: pa.Schema) -> pa.Table:
-    n = table.num_rows
-    cols = []
-    for f in schema:
-        if f.name == OUT_COL:
-            cols.append(pa.array(np.full(n, out, np.int8)))
-        elif f.name in table.column_names:
-            cols.append(table.column(f.name).cast(f.type))
-        elif f.name == "segment":
-            cols.append(pa.array(np.zeros(n, np.int32)))
-        else:
-            cols.append(pa.nulls(n, f.type))
-    return pa.Table.from_arrays(cols, schema=schema)
-
-
-def write_part(block: pa.Table, *, fs: pafs.FileSystem, parts_dir: str, has_logprobs: bool,
-               provenance: dict | None = None) -> pa.Table:
-    """map_batches on a sorted output block: write its rows and its report rows as one Parquet
-    part each under ``parts_dir/{rows,report}/`` (with ``provenance`` as their metadata, when
-    given); return PART_RECORD rows naming each file and its first (rollout_id, segment), by
-    which the commit orders the parts."""
-    records = []
-    for out, name, schema in ((0, "rows", rows_schema(has_logprobs)), (1, "report", REPORT_SCHEMA)):
-        part = block.filter(pc.equal(block[OUT_COL], out))
-        if part.num_rows == 0:
-            continue
-        path = f"{parts_dir}/{name}/{uuid.uuid4().hex}.parquet"
-        if provenance is not None:
-            schema = with_provenance(schema, provenance)
-        write_parquet(fs, path, part.select(schema.names).cast(schema))
-        records.append({"output": name, "file": path, "first_id": part["rollout_id"][0].as_py(),
-                        "first_segment": part["segment"][0].as_py(), "num_rows": part.num_rows})
-    return pa.Table.from_pylist(records, schema=PART_RECORD)
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # not in a Ray worker
+        return None

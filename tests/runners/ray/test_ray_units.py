@@ -1,68 +1,133 @@
-"""The Ray path's pure parts, without Ray: routing, splitting back, error unwrapping, CLI rules."""
+"""The Ray path's pure parts, without Ray: routing, output ranges, error unwrapping, CLI rules."""
 
 from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from chainrows.errors import InputError
-from chainrows.formats.native.dataset import CANONICAL, TABLES
 from chainrows.runners.bulk.partition import string_hashes
 from chainrows.runners.ray.cluster import input_error_in
-from chainrows.runners.ray.route import BUCKET_COL, add_buckets, split_tables
-from chainrows.runners.ray.source import ONE_LINE, RKEY_COL, SEQ_COL, TABLE_COL, TAG, TableFiles, wide_schema
-
-
-def _tables() -> dict:
-    return {n: TableFiles(n, [], [], [], [c for c in CANONICAL[n].names if c not in ("logprobs", "accepted_response_ids")])
-            for n in TABLES}
-
-
-def _wide(rows: list[dict]) -> pa.Table:
-    schema = wide_schema(_tables())
-    full = [{f.name: r.get(f.name) for f in schema} for r in rows]
-    for r in full:
-        r[RKEY_COL] = 0
-    return pa.Table.from_pylist(full, schema=schema)
+from chainrows.runners.ray.route import (
+    GroupMap,
+    bucket_of,
+    cut_sorted,
+    group_keys,
+    merge_buckets,
+    own_keys,
+    range_bounds,
+    sample_ids,
+    split_by_bucket,
+)
+from chainrows.runners.ray.source import ONE_LINE
 
 
 def _bucket_of(key: str, n: int) -> int:
-    return int(string_hashes(pa.array([key]))[0] % n)
+    return int(bucket_of(string_hashes(pa.array([key])), n)[0])
+
+
+def _map(rollout_ids, group_ids, n) -> GroupMap:
+    return GroupMap.build(*group_keys(pa.array(rollout_ids, pa.string()), pa.array(group_ids, pa.string())), n)
 
 
 def test_every_row_of_a_rollout_takes_the_bucket_of_its_first_rollouts_row():
-    n = 1 << 20  # wide enough that the two groups' buckets differ
-    assert _bucket_of("g:A", n) != _bucket_of("g:B", n)
-    rows = _wide([
-        {TABLE_COL: TAG["rollouts"], SEQ_COL: 7, "rollout_id": "r1", "group_id": "B"},  # later in read order
-        {TABLE_COL: TAG["ledger"], SEQ_COL: 0, "rollout_id": "r1", "call_id": "c1"},
-        {TABLE_COL: TAG["rollouts"], SEQ_COL: 3, "rollout_id": "r1", "group_id": "A"},  # first: counts
-        {TABLE_COL: TAG["tokens"], SEQ_COL: 1, "rollout_id": "r1", "call_id": "c1"},
-        {TABLE_COL: TAG["ledger"], SEQ_COL: 2, "rollout_id": "r2", "call_id": "c1"},   # no rollouts row
-        {TABLE_COL: TAG["rollouts"], SEQ_COL: 4, "rollout_id": "r3", "group_id": None},  # null group
-    ])
-    out = add_buckets(rows, n)
-    assert RKEY_COL not in out.column_names
-    got = dict(zip(zip(out["rollout_id"].to_pylist(), out[SEQ_COL].to_pylist()), out[BUCKET_COL].to_pylist()))
-    a = _bucket_of("g:A", n)
-    assert [got[("r1", s)] for s in (0, 1, 3, 7)] == [a] * 4
-    assert got[("r2", 2)] == _bucket_of("r:r2", n)
-    assert got[("r3", 4)] == _bucket_of("r:r3", n)
+    n = 1 << 20  # wide enough that the groups' buckets differ
+    assert len({_bucket_of(g, n) for g in ("A", "B", "C")}) == 3
+    groups = _map(["r1", "r4", "r5", "r3"], ["A", "A", "C", None], n)
+    got = groups.buckets_of(pa.array(["r1", "r4", "r5", "r3", "r2"]))
+    assert got[0] == got[1] == _bucket_of("A", n)
+    assert got[2] == _bucket_of("C", n)
+    own = bucket_of(own_keys(string_hashes(pa.array(["r3", "r2"]))), n)
+    assert got[3] == own[0] and got[4] == own[1]  # a null group, no rollouts row: its own group
 
 
-def test_split_tables_restores_read_order_per_table():
-    rows = _wide([
-        {TABLE_COL: TAG["ledger"], SEQ_COL: 5, "rollout_id": "r", "call_id": "b"},
-        {TABLE_COL: TAG["tokens"], SEQ_COL: 1, "rollout_id": "r", "call_id": "x"},
-        {TABLE_COL: TAG["ledger"], SEQ_COL: (1 << 40) + 0, "rollout_id": "r", "call_id": "c"},  # second file
-        {TABLE_COL: TAG["ledger"], SEQ_COL: 2, "rollout_id": "r", "call_id": "a"},
-    ])
-    ledger, tokens, rollouts = split_tables(add_buckets(rows, 4), _tables())
-    assert ledger["call_id"].to_pylist() == ["a", "b", "c"]
-    assert tokens["call_id"].to_pylist() == ["x"] and rollouts.num_rows == 0
-    assert ledger.schema.names == _tables()["ledger"].columns
+def test_a_later_rollouts_row_naming_another_group_merges_the_two_buckets():
+    """Only the first row names r1's group (A); the later row (B) cannot split anything: A's and
+    B's buckets become one, so A, B and r1 are decided together."""
+    n = 1 << 20
+    groups = _map(["r1", "a2", "b1", "r1"], ["A", "A", "B", "B"], n)
+    got = groups.buckets_of(pa.array(["r1", "a2", "b1"]))
+    assert got[0] == got[1] == got[2]
+    assert got[0] == min(_bucket_of("A", n), _bucket_of("B", n))
+
+
+def _union_find(n, pairs):
+    parent = list(range(n))
+
+    def find(x):
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for a, b in pairs:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return [find(x) for x in range(n)]
+
+
+@given(st.integers(1, 30).flatmap(lambda n: st.tuples(
+    st.just(n), st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=40))))
+def test_merge_buckets_is_union_find(case):
+    n, pairs = case
+    a = np.array([p[0] for p in pairs], np.int64)
+    b = np.array([p[1] for p in pairs], np.int64)
+    got = merge_buckets(n, a, b)
+    want = _union_find(n, pairs)
+    same = [[want[x] == want[y] for y in range(n)] for x in range(n)]
+    assert [[got[x] == got[y] for y in range(n)] for x in range(n)] == same
+    assert all(got[x] <= x for x in range(n))
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.one_of(st.none(), st.integers(0, 6))), max_size=60),
+       st.integers(1, 8), st.integers(1, 4))
+def test_group_map_keeps_groups_whole_even_when_rollout_hashes_collide(rows, n, width):
+    """Rollout r has hash r // width (``width`` > 1: distinct ids collide). Whatever collides,
+    every rollout of a group (named by the rollout's first row) lands in one bucket, and each
+    rollout id in exactly one."""
+    rids = np.array([r for r, _ in rows], np.uint64)
+    hashes = rids // np.uint64(width)
+    keys = np.array([1000 + g if g is not None else int(own_keys(np.array([h], np.uint64))[0])
+                     for (_, g), h in zip(rows, hashes)], np.uint64)
+    groups = GroupMap.build(hashes, keys, n)
+    target = dict(zip(groups.hashes.tolist(), groups.targets.tolist()))
+    first_group = {}
+    for (r, g), h in zip(rows, hashes.tolist()):
+        first_group.setdefault(r, (g, h))
+    by_group = {}
+    for g, h in first_group.values():
+        if g is not None:
+            by_group.setdefault(g, set()).add(target[h])
+    assert all(len(b) == 1 for b in by_group.values()), by_group
+    assert all(0 <= t < n for t in target.values())
+
+
+def test_split_by_bucket_keeps_read_order():
+    t = pa.table({"x": list(range(8))})
+    pieces = split_by_bucket(t, np.array([2, 0, 2, 1, 0, 2, 0, 0]), 4)
+    assert [p["x"].to_pylist() if p is not None else None for p in pieces] == \
+        [[1, 4, 6, 7], [3], [0, 2, 5], None]
+
+
+@given(st.lists(st.text(alphabet="ab\u00e9z", max_size=4), max_size=50), st.integers(1, 9))
+def test_range_bounds_cut_sorted_ids_into_ordered_ranges(ids, ranges):
+    sample = sample_ids(pa.array(ids, pa.string()), 16)
+    assert len(sample) <= 16 and sample.to_pylist() == sorted(set(sample.to_pylist()), key=str.encode)
+    bounds = range_bounds([sample], ranges)
+    assert len(bounds) <= ranges - 1
+    b = bounds.to_pylist()
+    assert b == sorted(set(b), key=str.encode)
+    ordered = pa.array(sorted(ids, key=str.encode), pa.string())
+    cuts = cut_sorted(ordered, bounds)
+    assert cuts[0] == 0 and cuts[-1] == len(ids) and list(cuts) == sorted(cuts)
+    for r in range(len(cuts) - 1):
+        for x in ordered[cuts[r]:cuts[r + 1]].to_pylist():
+            assert (r == 0 or x.encode() >= b[r - 1].encode()) and (r == len(b) or x.encode() < b[r].encode())
 
 
 def test_input_error_is_found_in_ray_style_wrapping():
@@ -105,7 +170,6 @@ def test_ray_file_reader_lets_out_of_memory_pass_and_names_a_damaged_file(tmp_pa
     write_synth_dataset(tmp_path / "data", 4, seed=1)
     loc = locate(tmp_path / "data")
     tf = check_tables(loc)["tokens"]
-    schema = wide_schema(check_tables(loc))
     raised = pa.ArrowMemoryError("malloc of size 39925248 failed") if failure == "out of memory" else OSError("bad page")
 
     def fail(self, *args, **kwargs):
@@ -114,10 +178,10 @@ def test_ray_file_reader_lets_out_of_memory_pass_and_names_a_damaged_file(tmp_pa
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", fail)
     if failure == "out of memory":
         with pytest.raises(MemoryError):
-            list(read_file(pafs.LocalFileSystem(), tf, 0, schema, 4))
+            list(read_file(pafs.LocalFileSystem(), tf, 0))
     else:
         with pytest.raises(InputError, match="unreadable Parquet file: bad page") as err:
-            list(read_file(pafs.LocalFileSystem(), tf, 0, schema, 4))
+            list(read_file(pafs.LocalFileSystem(), tf, 0))
         assert tf.shown[0] in str(err.value)
 
 

@@ -1,0 +1,134 @@
+"""The Ray driver and its tasks without Ray: ``chainrows.runners.ray.job.run`` on a stand-in
+for Ray that runs each task inline when it is launched (same task functions, same argument
+passing, errors carried by the results the way Ray carries them). Fast and exact: every
+routing, range and ordering decision of the driver is checked against the single-process run;
+the real cluster (retries, kills, several nodes) is tests/runners/ray/test_ray.py's."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from chainrows.errors import InputError
+from chainrows.options import Options
+from chainrows.runners.ray import job
+from tests.runners.ray.test_ray import messy_dataset, parts, read_output, same_table, single_process
+
+
+class _Ref:
+    def __init__(self, value=None, error: BaseException | None = None):
+        self.value, self.error = value, error
+
+
+class _Remote:
+    def __init__(self, fn, returns: int = 1):
+        self.fn, self.returns = fn, returns
+
+    def options(self, num_returns: int = 1):
+        return _Remote(self.fn, num_returns)
+
+    def remote(self, *args):
+        errors = [a.error for a in args if isinstance(a, _Ref) and a.error is not None]
+        try:
+            if errors:
+                raise errors[0]
+            got = self.fn(*[a.value if isinstance(a, _Ref) else a for a in args])
+        except Exception as exc:  # Ray keeps the error in every return of the task
+            return _Ref(error=exc) if self.returns == 1 else [_Ref(error=exc) for _ in range(self.returns)]
+        if self.returns == 1:
+            return _Ref(got)
+        assert len(got) == self.returns, (self.fn.__name__, len(got), self.returns)
+        return [_Ref(v) for v in got]
+
+
+class FakeRay:
+    """What job.run uses of Ray, run inline."""
+
+    def __init__(self, cpus: int = 2):
+        self.cpus, self.launched = cpus, 0
+
+    def cluster_resources(self):
+        return {"CPU": self.cpus}
+
+    def remote(self, fn):
+        self.launched += 1
+        return _Remote(fn)
+
+    def put(self, value):
+        return _Ref(value)
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    def cancel(self, ref):
+        pass
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    ray = FakeRay()
+
+    @contextlib.contextmanager
+    def connected(address, num_cpus=None, *, worker_logs=True):
+        yield ray
+
+    monkeypatch.setattr(job, "connected", connected)
+    return ray
+
+
+@pytest.mark.parametrize("buckets", [1, 3, 7])
+def test_driver_gives_the_single_process_tables(tmp_path, fake_ray, buckets):
+    data = messy_dataset(tmp_path / "data", 90, seed=buckets, group_size=3)
+    assert single_process(data, tmp_path / "want", [])[0] == 0
+    records: list = []
+    summary = job.run(data, tmp_path / "got", Options(), buckets=buckets, progress=False, records=records)
+    for name in ("rows", "report"):
+        assert same_table(read_output(tmp_path / "got", name), read_output(tmp_path / "want", name)), name
+    assert sorted(r["bucket"] for r in records) == list(range(buckets))
+    assert summary.rollouts == read_output(tmp_path / "want", "report").num_rows
+    assert parts(tmp_path / "got", "report") == min(buckets, summary.rollouts)
+
+
+def test_driver_forest_plan_without_logprobs(tmp_path, fake_ray):
+    data = messy_dataset(tmp_path / "data", 60, seed=11, worker_rate=0.3, fork_rate=0.2, group_size=3,
+                         logprobs=False)
+    flags = ["--plan", "forest", "--placeholders", "--baseline", "loo"]
+    assert single_process(data, tmp_path / "want", flags)[0] == 0
+    job.run(data, tmp_path / "got", Options(plan="forest", placeholders=True, baseline="loo"), buckets=4,
+            progress=False)
+    for name in ("rows", "report"):
+        assert same_table(read_output(tmp_path / "got", name), read_output(tmp_path / "want", name)), name
+
+
+def test_a_bad_file_found_in_a_task_is_the_single_process_error_and_nothing_is_committed(tmp_path, fake_ray):
+    data = messy_dataset(tmp_path / "data", 60, seed=2)
+    f = max((data / "tokens").iterdir(), key=lambda p: p.stat().st_size)
+    raw = bytearray(f.read_bytes())
+    raw[100:2100] = b"\xff" * 2000  # the footer survives, the first pages do not
+    f.write_bytes(bytes(raw))
+    rc, err = single_process(data, tmp_path / "want", [])
+    assert rc == 2
+    with pytest.raises(InputError) as got:
+        job.run(data, tmp_path / "got", Options(), buckets=3, progress=False)
+    assert f"chainrows: error: {got.value}" == err.strip()
+    assert not Path(tmp_path / "got").exists() or not list((tmp_path / "got").iterdir())
+
+
+def test_empty_dataset_writes_one_empty_part_each(tmp_path, fake_ray):
+    data = messy_dataset(tmp_path / "data", 50, seed=4)
+    for name in ("ledger", "tokens", "rollouts"):
+        for f in (data / name).iterdir():
+            pq.write_table(pq.read_table(f).slice(0, 0), f)
+    assert single_process(data, tmp_path / "want", [])[0] == 0
+    job.run(data, tmp_path / "got", Options(), buckets=2, progress=False)
+    for name in ("rows", "report"):
+        assert read_output(tmp_path / "got", name).num_rows == 0
+        assert parts(tmp_path / "got", name) == 1
