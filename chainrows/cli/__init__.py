@@ -168,7 +168,7 @@ def _reassemble_options(r):
                         "left in OUT/.chainrows-work")
     r.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     r.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="run on Ray Data (pip install 'chainrows[ray]'); no ADDRESS starts a local Ray, "
+                   help="run on Ray (pip install 'chainrows[ray]'); no ADDRESS starts a local Ray, "
                         "'auto' or ray://host:port joins a cluster; OUT gets rows/ and report/ parts "
                         "(see README 'Many machines')")
     _run_options(r)
@@ -468,8 +468,7 @@ class _NoPandas:
 
 def console_main() -> int:
     """The ``chainrows`` command and ``python -m chainrows``: :func:`main` in a process of its
-    own. There, unless the command needs Ray Data (``--ray``, which uses pandas), pandas is kept
-    out of the process: pyarrow imports it, when it is installed, on the first ``pa.array``
+    own. There pandas is kept out of the process: pyarrow imports it, when it is installed, on the first ``pa.array``
     call, only to ask whether the argument is a pandas object, and that import costs every
     command 0.2-0.4 s and ~30 MB of resident memory (docs/decisions-io.md "pandas"). The
     process also gets no transparent huge pages (:func:`_set_huge_pages`). Callers of
@@ -494,10 +493,10 @@ def console_main() -> int:
 
 
 def _keep_pandas_out(args: argparse.Namespace) -> _NoPandas | None:
-    """For a command without ``--ray``, while pandas is not imported: a :class:`_NoPandas`
-    finder put first in ``sys.meta_path`` (a later ``import pandas`` fails, and pyarrow does
-    without it); returned so that the caller removes it. Otherwise None."""
-    if getattr(args, "ray", None) is not None or "pandas" in sys.modules:
+    """While pandas is not imported: a :class:`_NoPandas` finder put first in ``sys.meta_path``
+    (a later ``import pandas`` fails, and pyarrow does without it); returned so that the caller
+    removes it. Otherwise None."""
+    if "pandas" in sys.modules:
         return None
     finder = _NoPandas()
     sys.meta_path.insert(0, finder)

@@ -46,11 +46,11 @@ def check_out(dataset: str, out: str, overwrite: bool) -> None:
 def quiet_logs():
     """Inside, no Python log record at ERROR or below is emitted (CHAINROWS_DEBUG=1: all are).
 
-    Ray Data logs a failed task's error twice, each with its traceback (~135 lines), before the
-    exception reaches the CLI, which prints its own one line: the InputError a task raised
+    Ray logs a failed task's error with its traceback before the exception reaches the CLI,
+    which prints its own one line: the InputError a task raised
     (chainrows.runners.ray.cluster.input_error_in), or a one-line internal error for a genuine Ray
-    failure. Ray Data reconfigures its loggers and handlers when a dataset runs, so their levels
-    would not hold; ``logging.disable`` does. For the CLI's process only: the API leaves the
+    failure. Ray configures its loggers and handlers when it starts, so their levels would not
+    hold; ``logging.disable`` does. For the CLI's process only: the API leaves the
     caller's logging alone. The workers' output (e.g. a raylet's note that a task the abort
     cut short will be retried) is not logging: ``worker_logs`` keeps it off too."""
     if _debug():
@@ -78,7 +78,7 @@ def cmd_reassemble_ray(a, options) -> int:
         return 2
     try:
         check_out(a.dataset, a.out, a.overwrite)
-        # Ray Data's bars under the single-process rule: by default only on a terminal
+        # the stage lines under the single-process rule: by default only on a terminal
         progress = a.progress if a.progress is not None else sys.stderr.isatty()
         with quiet_logs():
             summary = run(a.dataset, a.out, options, address=a.ray or None, buckets=a.buckets,

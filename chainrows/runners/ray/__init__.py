@@ -1,8 +1,8 @@
 """chainrows on a Ray cluster (``pip install 'chainrows[ray]'``): the same rows and report as
-the single-process run, decided by Ray Data tasks (chainrows.runners.ray.job has the pipeline).
+the single-process run, decided by Ray tasks (chainrows.runners.ray.job launches them).
 
-Modules: ``source`` (locations, input checks, the Ray Data datasource), ``route`` (group
-routing), ``tasks`` (what the tasks run), ``commit`` (staging and the atomic commit),
+Modules: ``source`` (locations, input checks, the per-file read), ``route`` (the group map and
+the output ranges), ``tasks`` (what the tasks run), ``commit`` (staging and the atomic commit),
 ``cluster`` (start or join Ray), ``job`` (the driver), ``cli`` (``chainrows reassemble --ray``).
 Importing this package does not import Ray; running does.
 """

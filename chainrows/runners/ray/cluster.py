@@ -8,14 +8,13 @@ import logging
 from chainrows.errors import InputError
 from chainrows.runners.ray.source import ONE_LINE
 
-INSTALL_HINT = "the --ray path needs Ray Data: pip install 'chainrows[ray]'"
+INSTALL_HINT = "the --ray path needs Ray: pip install 'chainrows[ray]'"
 
 
 def import_ray():
-    """``ray`` and ``ray.data``, or an ImportError that says how to install them."""
+    """``ray``, or an ImportError that says how to install it."""
     try:
         import ray
-        import ray.data  # noqa: F401
     except ImportError as exc:
         raise ImportError(f"{INSTALL_HINT} ({exc})") from exc
     return ray
@@ -50,8 +49,8 @@ def connected(address: str | None, num_cpus: int | None = None, *, worker_logs: 
 
 def input_error_in(exc: BaseException) -> InputError | None:
     """The InputError a Ray task raised, found in the chain Ray wraps it in (RayTaskError,
-    Ray Data's retry wrapper, ``cause``, ``__cause__``, ``__context__``), or None. Ray Data
-    appends a note to its args; the message the task saw is kept in an attribute (set where
+    ``cause``, ``__cause__``, ``__context__``), or None. A wrapper
+    may append a note to its args; the message the task saw is kept in an attribute (set where
     the task raised it, chainrows.runners.ray.source), else the shortest text found is taken."""
     seen, todo, found = set(), [exc], []
     while todo:

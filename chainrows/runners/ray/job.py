@@ -66,8 +66,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     has_lp = "logprobs" in tables["tokens"].columns
     prov = make_provenance(options, input_fingerprint([p for t in tables.values() for p in t.paths], src.path, src.fs))
     with connected(address, num_cpus, worker_logs=worker_logs) as ray:
-        n = buckets or max(TASKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)),
-                           math.ceil(sizes.decoded / BUCKET_BYTES))
+        n = buckets or default_buckets(int(ray.cluster_resources().get("CPU", 1)), sizes.decoded)
         try:
             with Staging(dst) as stage:
                 got = _pipeline(ray, src, dst, stage, tables, options, n, has_lp, engine, prov, progress)
@@ -85,6 +84,15 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
         records.extend({k: r[k] for k in ("bucket", "in_bytes", "out_bytes", "seconds", "node")} for r in got)
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+def default_buckets(cpus: int, decoded_bytes: int) -> int:
+    """Decide tasks for ``decoded_bytes`` of input on ``cpus`` CPUs: at least TASKS_PER_CPU per
+    CPU and one per BUCKET_BYTES, rounded up to a multiple of the CPUs (each wave of tasks then
+    fills the cluster)."""
+    cpus = max(1, cpus)
+    n = max(TASKS_PER_CPU * cpus, math.ceil(decoded_bytes / BUCKET_BYTES))
+    return math.ceil(n / cpus) * cpus
 
 
 def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options, n: int, has_lp: bool,

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from chainrows.lowering.take import take_rows
 from chainrows.runners.bulk.partition import string_hashes
 
 OWN_GROUP_SALT = np.uint64(0x9E3779B97F4A7C15)  # a rollout alone in its group: key = hash(id) ^ salt
@@ -115,10 +116,15 @@ class GroupMap:
 
 
 def split_by_bucket(table: pa.Table, bucket: np.ndarray, buckets: int) -> list[pa.Table | None]:
-    """``table``'s rows per bucket (None for a bucket with none), each in ``table``'s order."""
+    """``table``'s rows per bucket (None for a bucket with none), each in ``table``'s order:
+    slices of one copy of the rows in bucket order (Ray ships a slice without the rest of its
+    buffers)."""
     order = np.argsort(bucket, kind="stable")
     bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
-    return [table.take(pa.array(order[lo:hi])) if hi > lo else None for lo, hi in zip(bounds[:-1], bounds[1:])]
+    if np.count_nonzero(np.diff(bounds)) == 1:  # one bucket: no copy
+        return [table if hi > lo else None for lo, hi in zip(bounds[:-1], bounds[1:])]
+    grouped = take_rows(table, order)
+    return [grouped.slice(lo, hi - lo) if hi > lo else None for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def range_bounds(samples: list[pa.Array], ranges: int) -> pa.Array:

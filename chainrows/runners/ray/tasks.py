@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from chainrows.api import run_tables
 from chainrows.formats.native.dataset import TABLES
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
+from chainrows.lowering.take import take_rows
 from chainrows.options import Options
 from chainrows.outdir.parquet import WRITE_OPTIONS, row_group_rows
 from chainrows.outdir.provenance import with_provenance
@@ -144,7 +145,7 @@ def write_range(plan: Plan, r: int, *pieces) -> list[dict]:
             continue
         table = pa.concat_tables(parts)
         if len(parts) > 1:  # each part is sorted and holds whole rollouts: only their interleaving is new
-            table = table.take(pc.sort_indices(table, sort_keys=order))
+            table = take_rows(table, pc.sort_indices(table, sort_keys=order).to_numpy())
         path = f"{plan.parts_dir}/{name}/{uuid.uuid4().hex}.parquet"
         schema = with_provenance(schema, plan.provenance)
         write_parquet(plan.out_fs, path, table.select(schema.names).cast(schema))

@@ -205,3 +205,13 @@ def test_ray_footer_totals_refuse_an_encrypted_file_naming_it(tmp_path):
     with pytest.raises(InputError, match="encrypted columns") as err:
         _input_totals(loc, check_tables(loc))
     assert "ledger.parquet" in str(err.value)
+
+
+@pytest.mark.parametrize("cpus, gib, want", [(2, 0, 4), (2, 1.2, 6), (3, 0.1, 6), (4, 10, 40), (0, 0, 2)])
+def test_default_buckets_fill_every_wave(cpus, gib, want):
+    from chainrows.runners.ray.job import BUCKET_BYTES, TASKS_PER_CPU, default_buckets
+
+    got = default_buckets(cpus, int(gib * (1 << 30)))
+    assert got == want
+    assert got % max(cpus, 1) == 0 and got >= TASKS_PER_CPU * max(cpus, 1)
+    assert got * BUCKET_BYTES >= gib * (1 << 30)
