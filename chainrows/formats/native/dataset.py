@@ -693,25 +693,34 @@ def _iter_file(plan, file, read_cols, batch_rows) -> Iterator[pa.RecordBatch]:
 
 
 def iter_file_tables(name: str, file, columns: Sequence[str], read_cols: Sequence[str],
-                     batch_rows: int, open_file: Callable[[], object] | None = None
-                     ) -> Iterator[tuple[int, pa.Table]]:
+                     batch_rows: int, open_file: Callable[[], object] | None = None,
+                     row_groups: range | None = None) -> Iterator[tuple[int, pa.Table]]:
     """One Parquet file of table ``name``, read as every path reads a file (the in-memory and
     streaming readers, spill, Ray): batch by batch, each checked and normalized to ``columns``
     (:func:`normalize`), yielded as ``(row0, table)`` with ``row0`` the batch's first row in the
     file. ``read_cols``: the file's columns to read; ``open_file``: opens the file (e.g. on a
-    pyarrow filesystem), by default ``file`` is a local path. Unusable input, a reader error or
-    fewer or more rows than the footer promises included, raises InputError naming ``file``."""
+    pyarrow filesystem), by default ``file`` is a local path; ``row_groups``: only these
+    consecutive row groups (default: all). Unusable input, a reader error or fewer or more rows
+    than the footer promises included, raises InputError naming ``file``."""
     with _reading(name, file):
         pf = _stream_reader(file if open_file is None else open_file())
-        footer_rows = pf.metadata.num_rows
-        batches = pf.iter_batches(batch_size=batch_rows, columns=read_cols)
-    row0 = 0
+        md = pf.metadata
+        if row_groups is None:
+            row0, footer_rows = 0, md.num_rows
+            batches = pf.iter_batches(batch_size=batch_rows, columns=read_cols)
+        else:
+            if row_groups.step != 1 or row_groups.start < 0 or row_groups.stop > md.num_row_groups:
+                raise ValueError(f"row groups {row_groups} of a file of {md.num_row_groups}")
+            row0 = sum(md.row_group(g).num_rows for g in range(row_groups.start))
+            footer_rows = sum(md.row_group(g).num_rows for g in row_groups)
+            batches = pf.iter_batches(batch_size=batch_rows, columns=read_cols, row_groups=list(row_groups))
+    first, end = row0, row0 + footer_rows
     for batch in _guard(batches, name, file):
-        if row0 + batch.num_rows > footer_rows:
-            _check_row_count(name, file, row0 + batch.num_rows, footer_rows)
+        if row0 + batch.num_rows > end:
+            _check_row_count(name, file, row0 + batch.num_rows - first, footer_rows)
         yield row0, normalize(name, pa.Table.from_batches([batch]), columns, file, row0)
         row0 += batch.num_rows
-    _check_row_count(name, file, row0, footer_rows)
+    _check_row_count(name, file, row0 - first, footer_rows)
 
 
 def _guard(batches: Iterable, name: str, file: Path):

@@ -51,6 +51,8 @@ class FileFacts:
     decoded_bytes: int
     column_stored: Mapping[str, int] | None = None
     column_decoded: Mapping[str, int] | None = None
+    group_rows: tuple[int, ...] = ()
+    group_decoded: tuple[int, ...] = ()  # per row group, all columns: what a read of it holds, about
 
     def stored_of(self, columns: Iterable[str]) -> int:
         """Uncompressed bytes of the named top-level columns (a name the file lacks counts 0).
@@ -307,15 +309,21 @@ def facts_of(fh: pa.NativeFile) -> FileFacts:
     leaves = [Leaf.of(md.schema.column(j)) for j in range(md.num_columns)]
     stored = [0] * md.num_columns
     decoded = [0] * md.num_columns
+    group_rows, group_decoded = [], []
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
+        in_group = 0
         for j, leaf in enumerate(leaves):
             chunk = rg.column(j)
             stored[j] += chunk.total_uncompressed_size
-            decoded[j] += decoded_estimate(chunk, leaf, rg.num_rows)
+            estimate = decoded_estimate(chunk, leaf, rg.num_rows)
+            decoded[j] += estimate
+            in_group += estimate
+        group_rows.append(rg.num_rows)
+        group_decoded.append(in_group)
     fields = [_leaves(f.type) for f in schema]
     return FileFacts(schema, md.num_rows, sum(stored), sum(decoded), _per_field(stored, schema, fields),
-                     _per_field(decoded, schema, fields))
+                     _per_field(decoded, schema, fields), tuple(group_rows), tuple(group_decoded))
 
 
 FOOTER_TAIL = len(MAGIC) + 4  # a Parquet file ends with its footer's length (4 bytes LE) and the magic

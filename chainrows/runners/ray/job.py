@@ -23,7 +23,6 @@ import time
 import numpy as np
 
 from chainrows.api import run_tables
-from chainrows.formats.native.dataset import Totals
 from chainrows.formats.native.footers import input_fingerprint
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.options import Options
@@ -34,9 +33,10 @@ from chainrows.runners.ray import tasks
 from chainrows.runners.ray.cluster import connected, input_error_in
 from chainrows.runners.ray.commit import Staging
 from chainrows.runners.ray.route import GroupMap, range_bounds
-from chainrows.runners.ray.source import Location, check_tables, locate
+from chainrows.runners.ray.source import Location, check_tables, locate, read_plan
 
 BUCKET_BYTES = 256 << 20  # decoded input per decide task (footer estimate): the engine holds a few times this
+READ_BYTES = 128 << 20  # decoded input per split task at most, unless one row group is larger
 TASKS_PER_CPU = 2
 
 
@@ -62,14 +62,14 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     options = Options.of(options)
     src, dst = locate(dataset), locate(out)
     tables = check_tables(src)
-    sizes = _input_totals(src, tables)
+    sizes, reads = read_plan(src, tables, READ_BYTES)
     has_lp = "logprobs" in tables["tokens"].columns
     prov = make_provenance(options, input_fingerprint([p for t in tables.values() for p in t.paths], src.path, src.fs))
     with connected(address, num_cpus, worker_logs=worker_logs) as ray:
         n = buckets or default_buckets(int(ray.cluster_resources().get("CPU", 1)), sizes.decoded)
         try:
             with Staging(dst) as stage:
-                got = _pipeline(ray, src, dst, stage, tables, options, n, has_lp, engine, prov, progress)
+                got = _pipeline(ray, src, dst, stage, tables, reads, options, n, has_lp, engine, prov, progress)
         except Exception as exc:
             found = input_error_in(exc)
             if found is not None and found is not exc:
@@ -95,8 +95,8 @@ def default_buckets(cpus: int, decoded_bytes: int) -> int:
     return math.ceil(n / cpus) * cpus
 
 
-def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options, n: int, has_lp: bool,
-              engine, prov: dict, progress: bool | None) -> list[dict]:
+def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, reads, options, n: int,
+              has_lp: bool, engine, prov: dict, progress: bool | None) -> list[dict]:
     """Run the tasks and place their parts (both outputs carrying ``prov``); returns the decide
     tasks' records in bucket order."""
     parts_dir = f"{stage.root}/parts"
@@ -105,10 +105,10 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, options
     launched: list = []  # the first return of every task, for cancelling on an error
     try:
         groups, bounds = _group_map(ray, src, tables, n, launched, progress)
-        plan = tasks.Plan(tables, src.fs, dst.fs, parts_dir, options, has_lp, n, bounds, prov, engine)
+        plan = tasks.Plan(tables, reads, src.fs, dst.fs, parts_dir, options, has_lp, n, bounds, prov, engine)
         plan_ref, groups_ref = ray.put(plan), ray.put(groups)
         split = ray.remote(tasks.split_file).options(num_returns=n + 1)
-        splits = [split.remote(plan_ref, name, i, groups_ref) for name, i in plan.files()]
+        splits = [split.remote(plan_ref, k, groups_ref) for k in range(len(reads))]
         launched += [s[0] for s in splits]
         decide = ray.remote(tasks.decide).options(num_returns=plan.ranges + 1)
         decided = [decide.remote(plan_ref, b, *[s[1 + b] for s in splits]) for b in range(n)]
@@ -159,22 +159,3 @@ def _wait(ray, refs: list, label: str, progress: bool | None) -> list:
         bar.advance(len(ready))
     bar.close()
     return values
-
-
-def _input_totals(src: Location, tables) -> Totals:
-    """Rows and bytes of the columns read, from the footers, as the single-process run counts
-    them (``formats.native.dataset.footer_totals``): uncompressed as stored (the summary's figure) and
-    estimated once decoded (what sizes the decide tasks). Other columns a capture carries do
-    not count."""
-    from chainrows.formats.native.footers import facts_of, reading
-
-    rows = stored = decoded = 0
-    for tf in tables.values():
-        for path, label, present in zip(tf.paths, tf.shown, tf.present):
-            with reading(tf.name, label), src.fs.open_input_file(path) as fh:
-                facts = facts_of(fh)
-            read = [c for c in present if c in tf.columns]
-            rows += facts.num_rows
-            stored += facts.stored_of(read)
-            decoded += facts.decoded_of(read)
-    return Totals(rows, stored, decoded)

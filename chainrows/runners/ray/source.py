@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -23,8 +24,15 @@ import pyarrow.parquet as pq
 
 from chainrows.errors import InputError
 from chainrows.formats.native import dataset as dsio
-from chainrows.formats.native.dataset import CANONICAL, TABLES, iter_file_tables, plan_table, validate_schema
-from chainrows.formats.native.footers import reading
+from chainrows.formats.native.dataset import (
+    CANONICAL,
+    TABLES,
+    Totals,
+    iter_file_tables,
+    plan_table,
+    validate_schema,
+)
+from chainrows.formats.native.footers import facts_of, reading
 
 READ_BATCH_ROWS = 65_536
 
@@ -139,16 +147,64 @@ def _check_remote(loc: Location, name: str) -> TableFiles:
 ONE_LINE = "chainrows_message"  # attribute an InputError carries through Ray's wrapping
 
 
-def read_file(fs: pafs.FileSystem, tf: TableFiles, i: int, columns: list[str] | None = None):
-    """Yield file ``i`` of table ``tf`` batch by batch as normalized tables of ``columns``
-    (default: the table's columns): the single-process reader's checks and normalization, with
-    its InputError messages. An InputError leaves with its message also kept as an attribute,
-    which survives pickling (Ray rewrites a task's exception)."""
+class Read(NamedTuple):
+    """One read task's share of the input: file ``file`` of table ``table``, its row groups
+    ``row_groups`` (None: the whole file)."""
+
+    table: str
+    file: int
+    row_groups: range | None = None
+
+
+def read_plan(loc: Location, tables: dict[str, TableFiles], read_bytes: int) -> tuple[Totals, list[Read]]:
+    """From the footers: the input's totals as the single-process run counts them (rows, and
+    bytes of the columns read: uncompressed as stored, the summary's figure, and estimated once
+    decoded, what sizes the decide tasks; other columns a capture carries do not count), and
+    the reads, tables in SPEC order and files in read order, a file cut into runs of row groups
+    of at most ``read_bytes`` decoded (a larger row group is a run of its own)."""
+    rows = stored = decoded = 0
+    reads: list[Read] = []
+    for name in TABLES:
+        tf = tables[name]
+        for i, (path, label, present) in enumerate(zip(tf.paths, tf.shown, tf.present)):
+            with reading(tf.name, label), loc.fs.open_input_file(path) as fh:
+                facts = facts_of(fh)
+            read = [c for c in present if c in tf.columns]
+            rows += facts.num_rows
+            stored += facts.stored_of(read)
+            decoded += facts.decoded_of(read)
+            reads += [Read(name, i, g) for g in row_group_runs(facts.group_decoded, read_bytes)]
+    return Totals(rows, stored, decoded), reads
+
+
+def row_group_runs(group_bytes, limit: int) -> list[range | None]:
+    """Consecutive runs of row groups of at most ``limit`` bytes each (a larger group alone);
+    ``[None]`` (the whole file) when it fits in one run."""
+    if sum(group_bytes) <= limit or len(group_bytes) <= 1:
+        return [None]
+    runs, start, held = [], 0, 0
+    for g, size in enumerate(group_bytes):
+        if g > start and held + size > limit:
+            runs.append(range(start, g))
+            start, held = g, 0
+        held += size
+    runs.append(range(start, len(group_bytes)))
+    return runs
+
+
+def read_file(fs: pafs.FileSystem, tf: TableFiles, i: int, columns: list[str] | None = None,
+              row_groups: range | None = None):
+    """Yield file ``i`` of table ``tf`` (its ``row_groups``, default all) batch by batch as
+    normalized tables of ``columns`` (default: the table's columns): the single-process
+    reader's checks and normalization, with its InputError messages. An InputError leaves with
+    its message also kept as an attribute, which survives pickling (Ray rewrites a task's
+    exception)."""
     columns = tf.columns if columns is None else columns
     read_cols = [c for c in tf.present[i] if c in columns]
     try:
         for _, table in iter_file_tables(tf.name, tf.shown[i], columns, read_cols, READ_BATCH_ROWS,
-                                         open_file=lambda: fs.open_input_file(tf.paths[i])):
+                                         open_file=lambda: fs.open_input_file(tf.paths[i]),
+                                         row_groups=row_groups):
             yield table
     except InputError as exc:
         setattr(exc, ONE_LINE, str(exc))

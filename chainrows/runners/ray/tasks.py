@@ -35,7 +35,7 @@ from chainrows.outdir.parquet import WRITE_OPTIONS, row_group_rows
 from chainrows.outdir.provenance import with_provenance
 from chainrows.runners.bulk.summary import Summary
 from chainrows.runners.ray.route import GroupMap, cut_sorted, group_keys, sample_ids, split_by_bucket
-from chainrows.runners.ray.source import TableFiles, read_file
+from chainrows.runners.ray.source import Read, TableFiles, read_file
 
 SAMPLE_IDS = 1024  # rollout ids per rollouts file for the output ranges' bounds
 ROWS_ORDER = [("rollout_id", "ascending"), ("segment", "ascending")]
@@ -46,12 +46,14 @@ REPORT_ORDER = [("rollout_id", "ascending")]
 class Plan:
     """What every task of one run needs (put in Ray's object store once).
 
-    ``tables``: the checked input files; ``fs``: the input's filesystem; ``out_fs`` and
+    ``tables``: the checked input files; ``reads``: the split tasks' shares of them, in read
+    order (:func:`chainrows.runners.ray.source.read_plan`); ``fs``: the input's filesystem; ``out_fs`` and
     ``parts_dir``: where parts are staged; ``buckets``: decide tasks; ``bounds``: the output
     ranges' rollout-id bounds (``len(bounds) + 1`` ranges); ``provenance``: the outputs'
     metadata; ``engine(ledger, tokens, rollouts, options)``: the in-memory engine."""
 
     tables: dict[str, TableFiles]
+    reads: list[Read]
     fs: pafs.FileSystem
     out_fs: pafs.FileSystem
     parts_dir: str
@@ -65,10 +67,6 @@ class Plan:
     @property
     def ranges(self) -> int:
         return len(self.bounds) + 1
-
-    def files(self) -> list[tuple[str, int]]:
-        """Every input file as (table, index), tables in SPEC order, files in read order."""
-        return [(name, i) for name in TABLES for i in range(len(self.tables[name].paths))]
 
 
 def rollout_keys(fs: pafs.FileSystem, tf: TableFiles, i: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
@@ -85,14 +83,14 @@ def rollout_keys(fs: pafs.FileSystem, tf: TableFiles, i: int) -> tuple[np.ndarra
             np.concatenate(keys) if keys else np.zeros(0, np.uint64), sample)
 
 
-def split_file(plan: Plan, name: str, i: int, groups: GroupMap) -> tuple:
-    """File ``i`` of table ``name``: (info, piece for bucket 0, ..., piece for bucket B - 1);
-    a piece holds the file's rows of that bucket in read order, or is None. ``info``: rows
-    and Arrow bytes read."""
-    tf = plan.tables[name]
+def split_file(plan: Plan, k: int, groups: GroupMap) -> tuple:
+    """Read ``plan.reads[k]``: (info, piece for bucket 0, ..., piece for bucket B - 1); a piece
+    holds the read's rows of that bucket in read order, or is None. ``info``: rows and Arrow
+    bytes read."""
+    name, i, row_groups = plan.reads[k]
     per_bucket: list[list[pa.Table]] = [[] for _ in range(plan.buckets)]
     rows = nbytes = 0
-    for table in read_file(plan.fs, tf, i):
+    for table in read_file(plan.fs, plan.tables[name], i, row_groups=row_groups):
         rows += table.num_rows
         nbytes += table.nbytes
         cut = split_by_bucket(table, groups.buckets_of(table["rollout_id"]), plan.buckets)
@@ -100,19 +98,18 @@ def split_file(plan: Plan, name: str, i: int, groups: GroupMap) -> tuple:
             if piece is not None:
                 per_bucket[b].append(piece)
     pieces = [pa.concat_tables(p) if p else None for p in per_bucket]
-    return ({"table": name, "file": i, "rows": rows, "bytes": nbytes}, *pieces)
+    return ({"read": k, "rows": rows, "bytes": nbytes}, *pieces)
 
 
 def decide(plan: Plan, bucket: int, *pieces) -> tuple:
-    """Bucket ``bucket``'s pieces (one per input file, in :meth:`Plan.files` order) through the
+    """Bucket ``bucket``'s pieces (one per read, in ``plan.reads`` order) through the
     engine: (record, piece for range 0, ..., piece for range R - 1), a range's piece being
     (rows, report) or None. The record: bucket, counts, bytes in and out, seconds, node."""
     t0 = time.perf_counter()
     _one_thread_per_cpu()
-    files = plan.files()
     tables = []
     for name in TABLES:
-        mine = [p for (t, _), p in zip(files, pieces) if t == name and p is not None]
+        mine = [p for read, p in zip(plan.reads, pieces) if read.table == name and p is not None]
         tables.append(pa.concat_tables(mine) if mine else plan.tables[name].schema.empty_table())
     in_bytes = sum(t.nbytes for t in tables)
     result = plan.engine(*tables, plan.options)

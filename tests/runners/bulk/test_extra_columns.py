@@ -163,11 +163,10 @@ def test_spill_buckets_follow_the_columns_read_and_the_bytes_stay_the_same(narro
 
 def test_a_ray_run_counts_the_columns_read_as_the_single_process_run_does(narrow, wide):
     pytest.importorskip("ray")
-    from chainrows.runners.ray.job import _input_totals
-    from chainrows.runners.ray.source import check_tables, locate
+    from chainrows.runners.ray.source import check_tables, locate, read_plan
 
     sizes = planner.input_totals(narrow).values()
     want = tuple(sum(t[k] for t in sizes) for k in range(3))  # rows, stored, decoded
     for path in (narrow, wide):
         loc = locate(str(path))
-        assert tuple(_input_totals(loc, check_tables(loc))) == want
+        assert tuple(read_plan(loc, check_tables(loc), 1 << 30)[0]) == want

@@ -7,6 +7,7 @@ the real cluster (retries, kills, several nodes) is tests/runners/ray/test_ray.p
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -24,13 +25,14 @@ class _Ref:
 
 
 class _Remote:
-    def __init__(self, fn, returns: int = 1):
-        self.fn, self.returns = fn, returns
+    def __init__(self, fn, calls: Counter, returns: int = 1):
+        self.fn, self.calls, self.returns = fn, calls, returns
 
     def options(self, num_returns: int = 1):
-        return _Remote(self.fn, num_returns)
+        return _Remote(self.fn, self.calls, num_returns)
 
     def remote(self, *args):
+        self.calls[self.fn.__name__] += 1
         errors = [a.error for a in args if isinstance(a, _Ref) and a.error is not None]
         try:
             if errors:
@@ -48,14 +50,13 @@ class FakeRay:
     """What job.run uses of Ray, run inline."""
 
     def __init__(self, cpus: int = 2):
-        self.cpus, self.launched = cpus, 0
+        self.cpus, self.calls = cpus, Counter()
 
     def cluster_resources(self):
         return {"CPU": self.cpus}
 
     def remote(self, fn):
-        self.launched += 1
-        return _Remote(fn)
+        return _Remote(fn, self.calls)
 
     def put(self, value):
         return _Ref(value)
@@ -85,8 +86,13 @@ def fake_ray(monkeypatch):
 
 
 @pytest.mark.parametrize("buckets", [1, 3, 7])
-def test_driver_gives_the_single_process_tables(tmp_path, fake_ray, buckets):
+def test_driver_gives_the_single_process_tables(tmp_path, fake_ray, monkeypatch, buckets):
+    """With 3 buckets, every file is also read in runs of a few row groups."""
     data = messy_dataset(tmp_path / "data", 90, seed=buckets, group_size=3)
+    if buckets == 3:
+        for f in (*(data / "tokens").iterdir(), *(data / "ledger").iterdir()):
+            pq.write_table(pq.read_table(f), f, row_group_size=5)
+        monkeypatch.setattr(job, "READ_BYTES", 1)
     assert single_process(data, tmp_path / "want", [])[0] == 0
     records: list = []
     summary = job.run(data, tmp_path / "got", Options(), buckets=buckets, progress=False, records=records)
@@ -95,6 +101,9 @@ def test_driver_gives_the_single_process_tables(tmp_path, fake_ray, buckets):
     assert sorted(r["bucket"] for r in records) == list(range(buckets))
     assert summary.rollouts == read_output(tmp_path / "want", "report").num_rows
     assert parts(tmp_path / "got", "report") == min(buckets, summary.rollouts)
+    files = sum(len(list((data / name).iterdir())) for name in ("ledger", "tokens", "rollouts"))
+    assert fake_ray.calls["decide"] == buckets
+    assert (fake_ray.calls["split_file"] > files) == (buckets == 3)
 
 
 def test_driver_forest_plan_without_logprobs(tmp_path, fake_ray):

@@ -191,8 +191,7 @@ def test_ray_footer_totals_refuse_an_encrypted_file_naming_it(tmp_path):
     starts (review: it was an internal error there)."""
     import pyarrow.parquet as pq
 
-    from chainrows.runners.ray.job import _input_totals
-    from chainrows.runners.ray.source import check_tables, locate
+    from chainrows.runners.ray.source import check_tables, locate, read_plan
     from chainrows.synth import write_synth_dataset
     from tests.support.tables import write_encrypted
 
@@ -203,7 +202,7 @@ def test_ray_footer_totals_refuse_an_encrypted_file_naming_it(tmp_path):
     write_encrypted(ledger, table, ["call_id"], plaintext_footer=True)
     loc = locate(f"file://{tmp_path / 'data'}")
     with pytest.raises(InputError, match="encrypted columns") as err:
-        _input_totals(loc, check_tables(loc))
+        read_plan(loc, check_tables(loc), 1 << 30)
     assert "ledger.parquet" in str(err.value)
 
 
@@ -215,3 +214,45 @@ def test_default_buckets_fill_every_wave(cpus, gib, want):
     assert got == want
     assert got % max(cpus, 1) == 0 and got >= TASKS_PER_CPU * max(cpus, 1)
     assert got * BUCKET_BYTES >= gib * (1 << 30)
+
+
+@pytest.mark.parametrize("sizes, limit, want", [
+    ([], 10, [None]), ([50], 10, [None]), ([3, 3, 3], 10, [None]),
+    ([4, 4, 4, 4], 10, [range(0, 2), range(2, 4)]),
+    ([4, 20, 1, 1, 9], 10, [range(0, 1), range(1, 2), range(2, 4), range(4, 5)]),
+])
+def test_row_group_runs_cut_a_file_into_bounded_reads(sizes, limit, want):
+    from chainrows.runners.ray.source import row_group_runs
+
+    assert row_group_runs(sizes, limit) == want
+
+
+def test_reads_of_row_group_runs_give_the_whole_file_in_order(tmp_path):
+    """A file read as runs of row groups gives the rows, and the row numbers in errors, of the
+    whole file read at once."""
+    import pyarrow.parquet as pq
+
+    from chainrows.runners.ray.source import check_tables, locate, read_file, read_plan
+    from chainrows.synth import write_synth_dataset
+
+    write_synth_dataset(tmp_path / "data", 40, seed=1)
+    tokens = tmp_path / "data" / "tokens.parquet"
+    table = pq.read_table(tokens)
+    pq.write_table(table, tokens, row_group_size=7)
+    loc = locate(tmp_path / "data")
+    tables = check_tables(loc)
+    sizes, reads = read_plan(loc, tables, 4096)
+    runs = [r.row_groups for r in reads if r.table == "tokens"]
+    assert len(runs) > 2 and runs[0].start == 0 and all(a.stop == b.start for a, b in zip(runs, runs[1:]))
+    assert runs[-1].stop == pq.ParquetFile(tokens).num_row_groups
+    whole = pa.concat_tables(read_file(loc.fs, tables["tokens"], 0))
+    pieces = pa.concat_tables(t for g in runs for t in read_file(loc.fs, tables["tokens"], 0, row_groups=g))
+    assert pieces.equals(whole) and whole.num_rows == table.num_rows
+    ids = table["call_id"].to_pylist()
+    ids[30] = None
+    pq.write_table(table.set_column(table.schema.get_field_index("call_id"), "call_id", pa.array(ids, pa.string())),
+                   tokens, row_group_size=7)
+    with pytest.raises(InputError, match="row 30") as err:
+        for g in runs:
+            list(read_file(loc.fs, tables["tokens"], 0, row_groups=g))
+    assert "tokens.parquet" in str(err.value)
