@@ -72,6 +72,7 @@ class Plan:
 def rollout_keys(fs: pafs.FileSystem, tf: TableFiles, i: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
     """Rollouts file ``i``: per row in read order (rollout-id hash, group key), and a sample of
     its rollout ids (:func:`chainrows.runners.ray.route.sample_ids`)."""
+    _one_thread_per_cpu()
     hashes, keys, ids = [], [], []
     for table in read_file(fs, tf, i, ["rollout_id", "group_id"]):
         h, k = group_keys(table["rollout_id"], table["group_id"])
@@ -87,6 +88,7 @@ def split_file(plan: Plan, k: int, groups: GroupMap) -> tuple:
     """Read ``plan.reads[k]``: (info, piece for bucket 0, ..., piece for bucket B - 1); a piece
     holds the read's rows of that bucket in read order, or is None. ``info``: rows and Arrow
     bytes read."""
+    _one_thread_per_cpu()
     name, i, row_groups = plan.reads[k]
     per_bucket: list[list[pa.Table]] = [[] for _ in range(plan.buckets)]
     rows = nbytes = 0
@@ -133,6 +135,7 @@ def write_range(plan: Plan, r: int, *pieces) -> list[dict]:
     """Range ``r``'s pieces from every decide task: its rows and report as one Parquet part
     each under ``parts_dir/{rows,report}/`` (with the provenance), sorted as the single-process
     run sorts them. Returns one record per file written: output, file, range, rows."""
+    _one_thread_per_cpu()
     got = [p for p in pieces if p is not None]
     records = []
     for k, name, order, schema in ((0, "rows", ROWS_ORDER, rows_schema(plan.has_logprobs)),
@@ -158,23 +161,29 @@ def write_parquet(fs: pafs.FileSystem, path: str, table: pa.Table) -> int:
 
 
 def _one_thread_per_cpu() -> None:
-    """The engine's kernel threads: as many as Ray gave this task CPUs (Ray runs one task per
-    CPU; more threads would only compete with the neighbouring tasks)."""
+    """Kernel threads (Numba's setting, for this thread) and Arrow's compute threads: as many as
+    Ray gave this task CPUs. Ray runs one task per CPU; more threads would only compete with the
+    neighbouring tasks."""
     import numba
 
-    try:
-        import ray
-
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-    except Exception:  # not in a Ray worker (a test calling the task directly)
+    ray = _ray_session()
+    if ray is None:
         return
-    numba.set_num_threads(max(1, min(int(cpus), numba.config.NUMBA_NUM_THREADS)))
+    cpus = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    numba.set_num_threads(min(cpus, numba.config.NUMBA_NUM_THREADS))
+    if pa.cpu_count() != cpus:
+        pa.set_cpu_count(cpus)
 
 
 def _node_id() -> str | None:
-    try:
-        import ray
+    ray = _ray_session()
+    return None if ray is None else ray.get_runtime_context().get_node_id()
 
-        return ray.get_runtime_context().get_node_id()
-    except Exception:  # not in a Ray worker
-        return None
+
+def _ray_session():
+    """``ray`` inside a Ray worker (or driver), else None: a task function called directly
+    (tests) must not start a Ray of its own, which ``ray.get_runtime_context()`` would."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and ray.is_initialized() else None
