@@ -274,12 +274,17 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="interleaved runs per path; best of them (default 1)")
     ap.add_argument("--cli", action="store_true", help="also the `chainrows reassemble --ray` process")
     ap.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
+    ap.add_argument("--measure", choices=("auto", "cgroup v1", "cgroup v2", "proc"), default="auto",
+                    help="how CPU-seconds are measured (asv_benchmarks.tree_cpu; default: the first that works)")
     a = ap.parse_args(argv)
     why = netns_available()
     if why:
         print(f"ray_bench: {why}; the Ray path only runs in a loopback-only namespace here", file=sys.stderr)
         return 2
-    how = tree_cpu.method()
+    how = tree_cpu.method() if a.measure == "auto" else a.measure
+    if not tree_cpu.available(how):
+        print(f"ray_bench: --measure {how!r} cannot measure here", file=sys.stderr)
+        return 2
     load = os.getloadavg()
     print(f"CPU-seconds: whole process tree, by {how}; local Ray of {a.cpus} CPUs; machine: {os.cpu_count()} "
           f"cores, load {load[0]:.1f} at start")
