@@ -9,9 +9,12 @@ Three methods, the first that works here is used (``method()`` says which):
 - ``cgroup v2``: the same with a fresh cgroup of the unified hierarchy (``/sys/fs/cgroup/unified``
   or ``/sys/fs/cgroup``) and ``cpu.stat``'s ``usage_usec``.
 - ``proc``: this process becomes a child subreaper for the run (orphaned descendants are
-  reparented to it); the total is its children's rusage once the child and every adopted orphan
-  are waited for (leftovers killed first). For marks, the parent samples ``/proc`` every 0.2 s:
-  utime + stime + cutime + cstime of the child, the adopted orphans and their descendants.
+  reparented to it) and samples ``/proc`` every 0.2 s: utime + stime + cutime + cstime of the
+  child, the adopted orphans and their descendants, and the times of those that ended that no
+  parent collected. The total is this process's children rusage once the child and every
+  adopted orphan are waited for (leftovers killed first), plus those uncollected times, and at
+  least the last sample. A process whose parent ignores SIGCHLD loses what it used after its
+  last sample (all of it if it lived under 0.2 s): a lower bound.
 
 The measured child can read its tree's CPU so far with ``mark()`` (a cgroup path in the
 environment variable ``CHAINROWS_BENCH_CPU``); under ``proc`` a mark carries only its time and
@@ -171,14 +174,15 @@ def _empty(group: Path) -> int:
     return len(seen)
 
 
-def _stat(pid: int) -> tuple[int, str, float] | None:
-    """(ppid, state, utime + stime + cutime + cstime in seconds) of a pid in /proc."""
+def _stat(pid: int) -> tuple[int, str, float, float] | None:
+    """(ppid, state, utime + stime, cutime + cstime) of a pid in /proc, in seconds."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state is fields[0]
-    return int(fields[1]), fields[0], sum(int(x) for x in fields[11:15]) / _TICK
+    return int(fields[1]), fields[0], (int(fields[11]) + int(fields[12])) / _TICK, \
+        (int(fields[13]) + int(fields[14])) / _TICK
 
 
 def _all_stats() -> dict:
@@ -203,21 +207,28 @@ def _subreaper(on: bool) -> bool:
 
 class _Sampler:
     """The /proc samples of one tree: the root, its descendants, and the orphans this process
-    (a subreaper) adopted; each one's utime + stime + cutime + cstime."""
+    (a subreaper) adopted; each one's utime + stime + cutime + cstime, plus ``lost``: the times
+    of processes that ended and that no parent collected (a parent that ignores SIGCHLD, as
+    Ray's raylet does, reaps its children without adding their times to its own)."""
 
     def __init__(self, root: int):
-        self.root, self.samples = root, []
+        self.root, self.samples, self.lost, self.last = root, [], 0.0, {}
 
     def sample(self) -> None:
         me = os.getpid()
         stats = _all_stats()
-        tree = {p for p, (ppid, _, _) in stats.items() if p == self.root or ppid == me}
+        tree = {p for p, s in stats.items() if p == self.root or s[0] == me}
         grew = True
         while grew:
-            new = {p for p, (ppid, _, _) in stats.items() if ppid in tree and p not in tree}
+            new = {p for p, s in stats.items() if s[0] in tree and p not in tree}
             tree |= new
             grew = bool(new)
-        self.samples.append((time.monotonic(), sum(stats[p][2] for p in tree)))
+        now = {p: stats[p] for p in tree}
+        ended = sum(s[2] + s[3] for p, s in self.last.items() if p not in now)
+        collected = sum(max(s[3] - self.last[p][3], 0.0) for p, s in now.items() if p in self.last)
+        self.lost += max(ended - collected, 0.0)
+        self.last = now
+        self.samples.append((time.monotonic(), self.lost + sum(s[2] + s[3] for s in now.values())))
 
 
 def _collect_orphans(deadline_seconds: float = 10) -> int:
@@ -226,7 +237,7 @@ def _collect_orphans(deadline_seconds: float = 10) -> int:
     me, seen = os.getpid(), set()
     deadline = time.monotonic() + deadline_seconds
     while time.monotonic() < deadline:
-        children = {p: state for p, (ppid, state, _) in _all_stats().items() if ppid == me}
+        children = {p: s[1] for p, s in _all_stats().items() if s[0] == me}
         if not children:
             break
         for pid, state in children.items():
@@ -266,6 +277,8 @@ def _run_sampled(cmd, env, out, err) -> Measured:
         if adopted:
             _subreaper(False)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) + sampler.lost
     samples = [(t, c) for t, c in sampler.samples if t < t1]
+    if samples:  # one that ended uncollected after the last sample: its times of that sample
+        cpu = max(cpu, samples[-1][1])
     return Measured(code, "", "", t0, t1, cpu, "proc", leftovers, samples)

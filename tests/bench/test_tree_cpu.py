@@ -52,3 +52,19 @@ def test_mark_inside_the_child_sees_the_tree_so_far(how):
     assert m.returncode == 0, m.stderr
     at = m.cpu_at(json.loads(m.stdout))
     assert 0.3 <= at <= m.cpu - 0.29, (at, m.cpu)
+
+
+@pytest.mark.slow  # over a second: the burner must outlive a few samples
+@pytest.mark.parametrize("how", ["cgroup v1", "proc"])
+def test_counts_a_grandchild_whose_parent_ignores_sigchld(how):
+    """The kernel reaps the burner without adding its times to its parent's (as for Ray's
+    raylet and its workers): ``proc`` must still count it, from its last samples (the burner
+    idles 0.3 s after burning so that a sample sees all of it; the child outlives it by 0.5 s,
+    so the last samples have it only as uncollected)."""
+    _need(how)
+    child = ("import os, signal, subprocess, sys, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+             "p = subprocess.Popen([sys.executable, '-c', sys.argv[1]])\n"
+             "while os.path.exists(f'/proc/{p.pid}'): time.sleep(0.02)\ntime.sleep(0.5)")
+    m = tree_cpu.run([sys.executable, "-c", child, BURN + "\ntime.sleep(0.3)"], how=how)
+    assert m.returncode == 0, m.stderr
+    assert 0.28 <= m.cpu < 0.3 + 0.8, m.cpu
