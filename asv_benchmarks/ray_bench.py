@@ -293,6 +293,7 @@ def main(argv=None) -> int:
         figures.append(measure_shape(shape, a.gb, a.cpus, max(a.repeats, 1), a.cli, how))
         _print_shape(figures[-1], a.cpus)
     _print_summary(figures)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} (on {os.cpu_count()} cores; above that, walls are shared)")
     if a.json:
         Path(a.json).write_text(json.dumps({"argv": sys.argv[1:] if argv is None else list(argv), "method": how,
                                             "cpus": a.cpus, "cores": os.cpu_count(), "load_at_start": load[0],
