@@ -220,7 +220,6 @@ def same_table(a, b) -> bool:
     return True
 
 
-
 def _print_shape(f: dict, cpus: int) -> None:
     gb, single, ray = f["input_gb"], f["single"], f["ray"]
     print(f"\nshape {f['shape']}: {gb:.2f} GB uncompressed input, {f['rollouts']:,} rollouts, best of {f['repeats']}")
