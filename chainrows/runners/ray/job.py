@@ -49,7 +49,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     the input size and the cluster's CPUs). ``progress``: Ray Data's progress bars (None: Ray's
     default). ``engine(ledger, tokens, rollouts, options)``: the in-memory engine each task runs
     (a seam for tests). ``records``: a list that receives one dict per decide task (bucket,
-    bytes in and out, seconds), for measurements. ``worker_logs``: copy the workers' output to
+    bytes in and out, seconds, the Ray node id), for measurements. ``worker_logs``: copy the workers' output to
     this process's stderr (chainrows.runners.ray.cluster.connected).
 
     Unusable input raises InputError (the single-process messages), before Ray starts when the
@@ -86,7 +86,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     for r in got:
         summary.merge(Summary.from_counts(r["counts"]))
     if records is not None:
-        records.extend({k: r[k] for k in ("bucket", "in_bytes", "out_bytes", "seconds")} for r in got)
+        records.extend({k: r[k] for k in ("bucket", "in_bytes", "out_bytes", "seconds", "node")} for r in got)
     summary.seconds = time.perf_counter() - t0
     return summary
 

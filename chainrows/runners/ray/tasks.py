@@ -59,8 +59,10 @@ def decide(rows: pa.Table, *, tables, options: Options, fs: pafs.FileSystem, rec
            has_logprobs: bool, engine=run_tables) -> pa.Table:
     """map_groups on ``_bucket``: run ``engine`` (the in-memory ``chainrows.reassemble``) on the
     bucket's whole groups; return its rows and report stacked in :func:`output_schema`. Its
-    record (counts, bytes in and out, seconds) goes to ``records_dir/b<bucket>.json`` (a
-    retried task rewrites the same file)."""
+    record (counts, bytes in and out, seconds, the Ray node id that ran it) goes to
+    ``records_dir/b<bucket>.json`` (a retried task rewrites the same file)."""
+    from ray import get_runtime_context  # only ever called in a Ray task
+
     t0 = time.perf_counter()
     bucket = int(rows[BUCKET_COL][0].as_py()) if rows.num_rows else -1
     in_bytes = rows.nbytes
@@ -73,7 +75,8 @@ def decide(rows: pa.Table, *, tables, options: Options, fs: pafs.FileSystem, rec
     counts = Summary()
     counts.add(result)
     record = {"bucket": bucket, "counts": counts.counts_json(), "in_bytes": in_bytes,
-              "out_bytes": out.nbytes, "seconds": time.perf_counter() - t0}
+              "out_bytes": out.nbytes, "seconds": time.perf_counter() - t0,
+              "node": get_runtime_context().get_node_id()}
     path = f"{records_dir}/b{bucket:06d}.json"
     with fs.open_output_stream(path + ".tmp") as f:
         f.write(json.dumps(record).encode())
