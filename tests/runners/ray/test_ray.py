@@ -228,7 +228,13 @@ def _prepare(work: Path) -> dict:
 
 
 def _env(work: Path) -> dict:
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=str(work / "rt"), PYTHONUNBUFFERED="1")
+    import chainrows
+
+    # the runner (started as a script, so not from this directory) imports the chainrows these
+    # tests import, not whichever one the environment has installed
+    src = str(Path(chainrows.__file__).resolve().parents[1])
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=str(work / "rt"), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
     env.pop("RAY_ADDRESS", None)
     return env
 
