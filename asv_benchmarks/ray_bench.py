@@ -313,9 +313,9 @@ class RayPath:
     def setup(self):
         why = netns_available()
         try:
-            import ray.data  # noqa: F401
+            import ray  # noqa: F401
         except ImportError:
-            why = why or "Ray Data is not installed (pip install 'chainrows[ray]')"
+            why = why or "Ray is not installed (pip install 'chainrows[ray]')"
         if why:
             raise NotImplementedError(why)  # asv: skip
         self.data = common.synth_dataset_dir(self.n)

@@ -2,10 +2,13 @@
 
 Ray advertises the machine's interface address, and these machines may only talk to loopback, so
 every Ray session runs in a network namespace of its own with only ``lo`` up (``unshare --net``,
-root). One namespaced subprocess (this file run as a script) starts a 2-CPU head with
-``ray start --head --block``, runs every scenario against it (the API with ``address="auto"``, the
-CLI with ``--ray auto`` and once with a local Ray of its own), then stops the head by its pid.
-The expected outputs come from the single-process CLI in the pytest process; the tests compare.
+root). One namespaced subprocess (this file run as a script) starts a cluster of two nodes:
+a 1-CPU head (``ray start --head --block``) and a 1-CPU second raylet joined to it (``ray start
+--address``, a temp dir and agent ports of its own). It runs every scenario against that cluster
+(the API with ``address="auto"``, the CLI with ``--ray auto`` and once with a local Ray of its
+own), then stops both raylets by their pids. With one CPU per node and at least 4 decide tasks,
+Ray spreads the tasks over both nodes; the tasks' records say which node ran each. The expected
+outputs come from the single-process CLI in the pytest process; the tests compare.
 
 Datasets are small ``chainrows synth`` datasets made messy: token rows in random order, every
 table split into many files (one empty), rollouts missing from the rollouts, ledger or tokens
@@ -138,7 +141,7 @@ def _netns_ok() -> str | None:
 def session():
     """Build the datasets and reference outputs, run every scenario in one namespaced Ray
     session, return (work dir, cases, results)."""
-    pytest.importorskip("ray.data")
+    pytest.importorskip("ray")
     why = _netns_ok()
     if why:
         pytest.skip(why)
@@ -228,7 +231,13 @@ def _prepare(work: Path) -> dict:
 
 
 def _env(work: Path) -> dict:
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=str(work / "rt"), PYTHONUNBUFFERED="1")
+    import chainrows
+
+    # the runner (started as a script, so not from this directory) imports the chainrows these
+    # tests import, not whichever one the environment has installed
+    src = str(Path(chainrows.__file__).resolve().parents[1])
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=str(work / "rt"), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
     env.pop("RAY_ADDRESS", None)
     return env
 
@@ -272,6 +281,20 @@ def test_api_run_equals_single_process(session, name):
     assert whole.untrained_tokens > 0
 
 
+@pytest.mark.parametrize("name", ["kill", "forest_uri"])
+def test_decide_tasks_ran_on_both_nodes(session, name):
+    """Scale-out: the decide tasks of an API run ran on both raylets of the session's cluster,
+    at least one task each (their records name the node), and the output is the single-process
+    tables."""
+    work, cases, results = session
+    got = results[name]
+    assert got["error"] is None, got["error"]
+    assert len(results["_nodes"]) == 2, results["_nodes"]
+    ran = {r["node"] for r in got["records"]}
+    assert ran == set(results["_nodes"]), (ran, results["_nodes"])
+    _same_tables(cases[name])
+
+
 def test_messy_data_exercises_what_it_should(session):
     """The dataset really has the shapes the identity is claimed for."""
     work, cases, _ = session
@@ -312,8 +335,8 @@ NAMESPACE_NOTE = "Failed to determine local IP via external connectivity"
 
 @pytest.mark.parametrize("name", ["bad_cli", "bad_cli_local", "no_tokens_cli", "wrong_type_cli"])
 def test_cli_bad_input_exits_2_with_the_single_process_line(session, name):
-    """The single-process line and nothing else: not Ray Data's logging of the failed task
-    with its tracebacks (~135 lines), nor Ray's warnings (bad_cli and bad_cli_local find the
+    """The single-process line and nothing else: not Ray's logging of the failed task with its
+    traceback, nor Ray's warnings (bad_cli and bad_cli_local find the
     null inside a Ray task)."""
     work, cases, results = session
     case, got = cases[name], results[name]
@@ -387,13 +410,15 @@ def _run_api(case, engine=None) -> dict:
     data, out = case["data"], case["out"]
     if case.get("uri"):
         data, out = f"file://{data}", f"file://{out}"
+    records = []
     try:
         s = run(data, out, Options(**case["options"]), address="auto", buckets=case["buckets"],
-                progress=False, engine=engine or run_tables)
+                progress=False, engine=engine or run_tables, records=records)
     except Exception as exc:  # the test decides whether an error was expected
         return {"error": f"{type(exc).__name__}: {exc}"}
-    return {"error": None, "summary": {"rollouts": s.rollouts, "ok": s.ok, "generated": s.generated_tokens,
-                                       "untrained": s.untrained_tokens}}
+    return {"error": None, "records": records,
+            "summary": {"rollouts": s.rollouts, "ok": s.ok, "generated": s.generated_tokens,
+                        "untrained": s.untrained_tokens}}
 
 
 def _start_cli(case) -> subprocess.Popen:
@@ -446,7 +471,7 @@ def _driver_kill_case(case) -> dict:
     while time.monotonic() < deadline and proc.poll() is None:
         staged = list(out.glob(".chainrows-tmp-*/.ray/*")) if out.exists() else []
         if staged:
-            time.sleep(1.0)  # into the run: Ray Data's tasks are reading
+            time.sleep(1.0)  # into the run: the tasks are reading
             break
         time.sleep(0.05)
     killed = proc.poll() is None
@@ -456,37 +481,68 @@ def _driver_kill_case(case) -> dict:
     return {"killed": killed, "staging_after_kill": [str(p) for p in staged], "visible_after_kill": visible}
 
 
-def _start_head(work: Path) -> tuple[subprocess.Popen, dict]:
-    """A 2-CPU head for this namespace, with a token of its own (Ray >= 2.59 token auth)."""
+def _start_cluster(work: Path) -> tuple[list[subprocess.Popen], object]:
+    """Two 1-CPU raylets for this namespace, the head and a node joined to it, with a token of
+    their own (Ray >= 2.59 token auth, which the joining node needs too); returns their
+    ``ray start --block`` processes (head first) and ``ray``, connected, once both nodes are up."""
     import secrets
 
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_ADDRESS="127.0.0.1:6379")
-    log = open(work / "head.log", "w")
     # the interpreter's own ``ray`` first: a venv's python runs without the venv on PATH
     beside = Path(sys.executable).with_name("ray")
     ray_cli = str(beside) if beside.exists() else shutil.which("ray") or "ray"
-    head = subprocess.Popen([ray_cli, "start", "--head", "--num-cpus", "2",
-                             "--include-dashboard=false", "--disable-usage-stats", "--block",
-                             "--port", "6379", "--temp-dir", str(work / "rt")], stdout=log, stderr=log)
+    common = ["--num-cpus", "1", "--disable-usage-stats", "--block"]
+    procs = []
+
+    def start(name: str, args: list[str]) -> None:
+        log = open(work / f"{name}.log", "w")
+        procs.append(subprocess.Popen([ray_cli, "start", *args, *common, "--temp-dir", str(work / name)],
+                                      stdout=log, stderr=log))
+
+    def failed() -> str | None:
+        if all(p.poll() is None for p in procs):
+            return None
+        return "ray start failed: " + "".join((work / f"{n}.log").read_text()[-2000:] for n in ("rt", "rt2"))
+
+    start("rt", ["--head", "--port", "6379", "--include-dashboard=false"])
+    # the same IP as the head: every port of its own is picked free (the agent's default is the head's)
+    start("rt2", ["--address", "127.0.0.1:6379", "--dashboard-agent-listen-port", "0",
+                  "--min-worker-port", "0", "--max-worker-port", "0"])
     import ray
 
     for _ in range(240):
+        if failed():
+            break
         try:
-            ray.init(address="auto", include_dashboard=False, log_to_driver=False)
-            return head, ray
-        except ConnectionError as exc:
-            if head.poll() is not None:
-                raise RuntimeError(f"ray start failed: {(work / 'head.log').read_text()[-2000:]}") from exc
-            time.sleep(0.5)
-    raise RuntimeError("the Ray head did not come up")
+            if not ray.is_initialized():
+                ray.init(address="auto", include_dashboard=False, log_to_driver=False)
+            if len([n for n in ray.nodes() if n["Alive"]]) == 2:
+                return procs, ray
+        except ConnectionError:
+            pass
+        time.sleep(0.5)
+    why = failed() or "the two Ray nodes did not come up"
+    ray.shutdown()
+    _stop(procs)
+    raise RuntimeError(why)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM by pid, joined node first: only this session's raylets and their children."""
+    for proc in reversed(procs):
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _main(plan_path: str) -> int:
     work = Path(plan_path).parent
     t0 = time.perf_counter()
-    head, ray = _start_head(work)
-    print(f"head: {time.perf_counter() - t0:.1f} s", flush=True)
-    results = {}
+    procs, ray = _start_cluster(work)
+    print(f"two nodes: {time.perf_counter() - t0:.1f} s", flush=True)
+    results = {"_nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]]}
     try:
         deadline = time.monotonic() + SESSION_TIMEOUT_S
         while not Path(plan_path).exists() and time.monotonic() < deadline:
@@ -518,11 +574,7 @@ def _main(plan_path: str) -> int:
             print(f"{name} (beside the others): {results[name]['seconds']:.1f} s", flush=True)
     finally:
         ray.shutdown()
-        head.send_signal(signal.SIGTERM)  # by pid: only this session's head and its children
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
+        _stop(procs)
     (work / "results.json").write_text(json.dumps(results))
     return 0
 
