@@ -16,7 +16,6 @@ read in file-name order, the tables of the single-process run.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 
@@ -38,6 +37,10 @@ from chainrows.runners.ray.source import Location, check_tables, locate, read_pl
 BUCKET_BYTES = 256 << 20  # decoded input per decide task (footer estimate): the engine holds a few times this
 READ_BYTES = 128 << 20  # decoded input per split task at most, unless one row group is larger
 TASKS_PER_CPU = 2
+# every node reads, decides and writes its share: each task's inputs come from all nodes alike,
+# and Ray's default (the node holding most of a task's inputs, while it has room) would queue
+# the decide tasks where the first reads ran
+SPREAD = "SPREAD"
 
 
 def run(dataset, out, options: Options | None = None, *, address: str | None = None,
@@ -102,28 +105,21 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, reads, 
     parts_dir = f"{stage.root}/parts"
     for d in (f"{parts_dir}/rows", f"{parts_dir}/report"):
         dst.fs.create_dir(d, recursive=True)
-    launched: list = []  # the first return of every task, for cancelling on an error
-    try:
-        groups, bounds = _group_map(ray, src, tables, n, launched, progress)
-        plan = tasks.Plan(tables, reads, src.fs, dst.fs, parts_dir, options, has_lp, n, bounds, prov, engine)
-        plan_ref, groups_ref = ray.put(plan), ray.put(groups)
-        split = ray.remote(tasks.split_file).options(num_returns=n + 1)
-        splits = [split.remote(plan_ref, k, groups_ref) for k in range(len(reads))]
-        launched += [s[0] for s in splits]
-        decide = ray.remote(tasks.decide).options(num_returns=plan.ranges + 1)
-        decided = [decide.remote(plan_ref, b, *[s[1 + b] for s in splits]) for b in range(n)]
-        launched += [d[0] for d in decided]
-        write = ray.remote(tasks.write_range)
-        written = [write.remote(plan_ref, r, *[d[1 + r] for d in decided]) for r in range(plan.ranges)]
-        launched += written
-        _wait(ray, [s[0] for s in splits], "read", progress)
-        records = _wait(ray, [d[0] for d in decided], "decide", progress)
-        parts = [p for got in _wait(ray, written, "write", progress) for p in got]
-    except BaseException:
-        for ref in launched:  # a cluster keeps running what a failed driver leaves
-            with contextlib.suppress(Exception):
-                ray.cancel(ref)
-        raise
+    groups, bounds = _group_map(ray, src, tables, n, progress)
+    plan = tasks.Plan(tables, reads, src.fs, dst.fs, parts_dir, options, has_lp, n, bounds, prov, engine)
+    plan_ref, groups_ref = ray.put(plan), ray.put(groups)
+    # on an error, what is still running ends with the session (a driver that leaves ends its
+    # job's tasks); ray.cancel here crashed Ray 2.60's driver (task_manager.cc: "Tried to
+    # complete task that was not pending")
+    split = ray.remote(tasks.split_file).options(num_returns=n + 1, scheduling_strategy=SPREAD)
+    splits = [split.remote(plan_ref, k, groups_ref) for k in range(len(reads))]
+    decide = ray.remote(tasks.decide).options(num_returns=plan.ranges + 1, scheduling_strategy=SPREAD)
+    decided = [decide.remote(plan_ref, b, *[s[1 + b] for s in splits]) for b in range(n)]
+    write = ray.remote(tasks.write_range).options(scheduling_strategy=SPREAD)
+    written = [write.remote(plan_ref, r, *[d[1 + r] for d in decided]) for r in range(plan.ranges)]
+    _wait(ray, [s[0] for s in splits], "read", progress)
+    records = _wait(ray, [d[0] for d in decided], "decide", progress)
+    parts = [p for got in _wait(ray, written, "write", progress) for p in got]
     for name, schema in (("rows", rows_schema(has_lp)), ("report", REPORT_SCHEMA)):
         files = [p["file"] for p in sorted(parts, key=lambda p: p["range"]) if p["output"] == name]
         if not files:  # an empty output is one empty part, as the single-process run writes one
@@ -133,13 +129,12 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, reads, 
     return sorted(records, key=lambda r: r["bucket"])
 
 
-def _group_map(ray, src: Location, tables, n: int, launched: list, progress: bool | None):
+def _group_map(ray, src: Location, tables, n: int, progress: bool | None):
     """The rollouts table's group map (chainrows.runners.ray.route.GroupMap) for ``n`` buckets,
     and the output ranges' bounds (one range per bucket), from one task per rollouts file."""
     tf = tables["rollouts"]
     keys = ray.remote(tasks.rollout_keys).options(num_returns=1)
     refs = [keys.remote(src.fs, tf, i) for i in range(len(tf.paths))]
-    launched += refs
     got = _wait(ray, refs, "rollouts", progress)
     hashes = np.concatenate([g[0] for g in got]) if got else np.zeros(0, np.uint64)
     group_keys = np.concatenate([g[1] for g in got]) if got else np.zeros(0, np.uint64)

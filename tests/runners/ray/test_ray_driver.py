@@ -28,7 +28,8 @@ class _Remote:
     def __init__(self, fn, calls: Counter, returns: int = 1):
         self.fn, self.calls, self.returns = fn, calls, returns
 
-    def options(self, num_returns: int = 1):
+    def options(self, num_returns: int = 1, scheduling_strategy: str = "DEFAULT"):
+        assert scheduling_strategy in ("DEFAULT", "SPREAD")
         return _Remote(self.fn, self.calls, num_returns)
 
     def remote(self, *args):
