@@ -503,25 +503,14 @@ def _keep_pandas_out(args: argparse.Namespace) -> _NoPandas | None:
     return finder
 
 
-HUGE_PAGES_ENV = "CHAINROWS_HUGE_PAGES"
-_HUGE_PAGES = ("off", "system")  # off: forbidden in the command's process; system: left alone
-
-
 def _set_huge_pages() -> str | None:
-    """In the command's own process: forbid transparent huge pages (``memory.process.set_huge_pages``),
-    unless ``CHAINROWS_HUGE_PAGES=system`` keeps the system's setting (case and surrounding
-    blanks ignored; empty is unset). Returns the error for any other value, else None. Huge
-    pages faulting in dominated runs on virtual machines whose host reclaims free memory
-    (docs/limits.md "Huge pages")."""
-    given = os.environ.get(HUGE_PAGES_ENV, "")
-    value = given.strip().lower() or "off"  # empty: unset, as CHAINROWS_DEBUG
-    if value not in _HUGE_PAGES:
-        return f"{HUGE_PAGES_ENV}={given!r}: expected one of {', '.join(_HUGE_PAGES)}"
-    if value == "off":
-        from chainrows.memory.process import set_huge_pages
+    """In the command's own process: forbid transparent huge pages unless
+    ``CHAINROWS_HUGE_PAGES=system`` (``memory.process.apply_huge_pages_choice``). Returns the
+    error for any other value, else None. Huge pages faulting in dominated runs on virtual
+    machines whose host reclaims free memory (docs/limits.md "Huge pages")."""
+    from chainrows.memory.process import apply_huge_pages_choice
 
-        set_huge_pages(False)
-    return None
+    return apply_huge_pages_choice()
 
 
 def main(argv=None, *, own_process: bool = False) -> int:

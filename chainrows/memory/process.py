@@ -4,6 +4,7 @@ its new memory may come as transparent huge pages."""
 from __future__ import annotations
 
 import ctypes
+import os
 from contextlib import contextmanager
 
 import pyarrow as pa
@@ -39,6 +40,24 @@ def set_huge_pages(enabled: bool) -> bool:
     if _PRCTL is None:
         return False
     return _PRCTL(_PR_SET_THP_DISABLE, 0 if enabled else 1, 0, 0, 0) == 0
+
+
+HUGE_PAGES_ENV = "CHAINROWS_HUGE_PAGES"
+HUGE_PAGES_CHOICES = ("off", "system")  # off: forbidden in chainrows' own processes; system: left alone
+
+
+def apply_huge_pages_choice(environ=None) -> str | None:
+    """In a process chainrows owns (the command's, a Ray worker of a chainrows run): forbid
+    transparent huge pages (:func:`set_huge_pages`) unless ``CHAINROWS_HUGE_PAGES=system`` keeps
+    the system's setting (case and surrounding blanks ignored; empty is unset). ``environ``:
+    default ``os.environ``. Returns the error for any other value (nothing changed), else None."""
+    given = (os.environ if environ is None else environ).get(HUGE_PAGES_ENV, "")
+    value = given.strip().lower() or "off"  # empty: unset, as CHAINROWS_DEBUG
+    if value not in HUGE_PAGES_CHOICES:
+        return f"{HUGE_PAGES_ENV}={given!r}: expected one of {', '.join(HUGE_PAGES_CHOICES)}"
+    if value == "off":
+        set_huge_pages(False)
+    return None
 
 
 def huge_pages_enabled() -> bool | None:

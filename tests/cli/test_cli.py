@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from chainrows.cli import HUGE_PAGES_ENV
 from chainrows.cli import main as cli_main
+from chainrows.memory.process import HUGE_PAGES_ENV
 from tests.support.cli_worker import (  # noqa: F401  (cli is a fixture)
     assert_clean_error,
     assert_ran,

@@ -107,18 +107,12 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, reads, 
         dst.fs.create_dir(d, recursive=True)
     groups, bounds = _group_map(ray, src, tables, n, progress)
     plan = tasks.Plan(tables, reads, src.fs, dst.fs, parts_dir, options, has_lp, n, bounds, prov, engine)
-    plan_ref, groups_ref = ray.put(plan), ray.put(groups)
     # on an error, what is still running ends with the session (a driver that leaves ends its
     # job's tasks); ray.cancel here crashed Ray 2.60's driver (task_manager.cc: "Tried to
     # complete task that was not pending")
-    split = ray.remote(tasks.split_file).options(num_returns=n + 1, scheduling_strategy=SPREAD)
-    splits = [split.remote(plan_ref, k, groups_ref) for k in range(len(reads))]
-    decide = ray.remote(tasks.decide).options(num_returns=plan.ranges + 1, scheduling_strategy=SPREAD)
-    decided = [decide.remote(plan_ref, b, *[s[1 + b] for s in splits]) for b in range(n)]
-    write = ray.remote(tasks.write_range).options(scheduling_strategy=SPREAD)
-    written = [write.remote(plan_ref, r, *[d[1 + r] for d in decided]) for r in range(plan.ranges)]
-    _wait(ray, [s[0] for s in splits], "read", progress)
-    records = _wait(ray, [d[0] for d in decided], "decide", progress)
+    read_infos, decide_records, written = _launch(ray, plan, groups)
+    _wait(ray, read_infos, "read", progress)
+    records = _wait(ray, decide_records, "decide", progress)
     parts = [p for got in _wait(ray, written, "write", progress) for p in got]
     for name, schema in (("rows", rows_schema(has_lp)), ("report", REPORT_SCHEMA)):
         files = [p["file"] for p in sorted(parts, key=lambda p: p["range"]) if p["output"] == name]
@@ -127,6 +121,20 @@ def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, reads, 
             tasks.write_parquet(dst.fs, files[0], with_provenance(schema.empty_table(), prov))
         stage.place(name, files)
     return sorted(records, key=lambda r: r["bucket"])
+
+
+def _launch(ray, plan: tasks.Plan, groups) -> tuple[list, list, list]:
+    """Launch every split, decide and write task; returns the refs of the read infos, the
+    decide records and the write records. The pieces' refs are dropped here: each piece is then
+    held by the object store only until the task that takes it has finished."""
+    plan_ref, groups_ref = ray.put(plan), ray.put(groups)
+    split = ray.remote(tasks.split_file).options(num_returns=plan.buckets + 1, scheduling_strategy=SPREAD)
+    splits = [split.remote(plan_ref, k, groups_ref) for k in range(len(plan.reads))]
+    decide = ray.remote(tasks.decide).options(num_returns=plan.ranges + 1, scheduling_strategy=SPREAD)
+    decided = [decide.remote(plan_ref, b, *[s[1 + b] for s in splits]) for b in range(plan.buckets)]
+    write = ray.remote(tasks.write_range).options(scheduling_strategy=SPREAD)
+    written = [write.remote(plan_ref, r, *[d[1 + r] for d in decided]) for r in range(plan.ranges)]
+    return [s[0] for s in splits], [d[0] for d in decided], written
 
 
 def _group_map(ray, src: Location, tables, n: int, progress: bool | None):

@@ -30,6 +30,7 @@ from chainrows.api import run_tables
 from chainrows.formats.native.dataset import TABLES
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.lowering.take import take_rows
+from chainrows.memory.process import apply_huge_pages_choice
 from chainrows.options import Options
 from chainrows.outdir.parquet import WRITE_OPTIONS, row_group_rows
 from chainrows.outdir.provenance import with_provenance
@@ -72,7 +73,7 @@ class Plan:
 def rollout_keys(fs: pafs.FileSystem, tf: TableFiles, i: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
     """Rollouts file ``i``: per row in read order (rollout-id hash, group key), and a sample of
     its rollout ids (:func:`chainrows.runners.ray.route.sample_ids`)."""
-    _one_thread_per_cpu()
+    _worker_settings()
     hashes, keys, ids = [], [], []
     for table in read_file(fs, tf, i, ["rollout_id", "group_id"]):
         h, k = group_keys(table["rollout_id"], table["group_id"])
@@ -88,7 +89,7 @@ def split_file(plan: Plan, k: int, groups: GroupMap) -> tuple:
     """Read ``plan.reads[k]``: (info, piece for bucket 0, ..., piece for bucket B - 1); a piece
     holds the read's rows of that bucket in read order, or is None. ``info``: rows and Arrow
     bytes read."""
-    _one_thread_per_cpu()
+    _worker_settings()
     name, i, row_groups = plan.reads[k]
     per_bucket: list[list[pa.Table]] = [[] for _ in range(plan.buckets)]
     rows = nbytes = 0
@@ -108,7 +109,7 @@ def decide(plan: Plan, bucket: int, *pieces) -> tuple:
     engine: (record, piece for range 0, ..., piece for range R - 1), a range's piece being
     (rows, report) or None. The record: bucket, counts, bytes in and out, seconds, node."""
     t0 = time.perf_counter()
-    _one_thread_per_cpu()
+    _worker_settings()
     tables = []
     for name in TABLES:
         mine = [p for read, p in zip(plan.reads, pieces) if read.table == name and p is not None]
@@ -135,7 +136,7 @@ def write_range(plan: Plan, r: int, *pieces) -> list[dict]:
     """Range ``r``'s pieces from every decide task: its rows and report as one Parquet part
     each under ``parts_dir/{rows,report}/`` (with the provenance), sorted as the single-process
     run sorts them. Returns one record per file written: output, file, range, rows."""
-    _one_thread_per_cpu()
+    _worker_settings()
     got = [p for p in pieces if p is not None]
     records = []
     for k, name, order, schema in ((0, "rows", ROWS_ORDER, rows_schema(plan.has_logprobs)),
@@ -160,15 +161,19 @@ def write_parquet(fs: pafs.FileSystem, path: str, table: pa.Table) -> int:
     return fs.get_file_info(path).size
 
 
-def _one_thread_per_cpu() -> None:
-    """Kernel threads (Numba's setting, for this thread) and Arrow's compute threads: as many as
-    Ray gave this task CPUs. Ray runs one task per CPU; more threads would only compete with the
-    neighbouring tasks."""
+def _worker_settings() -> None:
+    """A Ray worker's settings, as the ``chainrows`` command sets its own process: kernel
+    threads (Numba's setting, for this thread) and Arrow's compute threads as many as Ray gave
+    this task CPUs (Ray runs one task per CPU; more threads would only compete with the
+    neighbouring tasks), and no transparent huge pages unless ``CHAINROWS_HUGE_PAGES=system``
+    (docs/limits.md "Huge pages": on a VM whose host reclaims free memory they cost more to
+    fault in than everything else the task does)."""
     import numba
 
     ray = _ray_session()
     if ray is None:
         return
+    apply_huge_pages_choice()
     cpus = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
     numba.set_num_threads(min(cpus, numba.config.NUMBA_NUM_THREADS))
     if pa.cpu_count() != cpus:
