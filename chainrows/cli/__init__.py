@@ -457,15 +457,6 @@ def _settle_on_commit(out):
     return listener
 
 
-class _NoPandas:
-    """A meta path finder that refuses to import pandas (:func:`console_main`)."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError("pandas is kept out of the chainrows command's process", name=name)
-        return None
-
-
 def console_main() -> int:
     """The ``chainrows`` command and ``python -m chainrows``: :func:`main` in a process of its
     own. There pandas is kept out of the process: pyarrow imports it, when it is installed, on the first ``pa.array``
@@ -490,17 +481,6 @@ def console_main() -> int:
         except (OSError, ValueError):  # a closed reader (| head), already said by the exit code
             pass
     os._exit(rc)
-
-
-def _keep_pandas_out(args: argparse.Namespace) -> _NoPandas | None:
-    """While pandas is not imported: a :class:`_NoPandas` finder put first in ``sys.meta_path``
-    (a later ``import pandas`` fails, and pyarrow does without it); returned so that the caller
-    removes it. Otherwise None."""
-    if "pandas" in sys.modules:
-        return None
-    finder = _NoPandas()
-    sys.meta_path.insert(0, finder)
-    return finder
 
 
 def _set_huge_pages() -> str | None:
@@ -560,7 +540,12 @@ def _main(argv, own_process: bool = False) -> int:
         if bad:
             print(f"chainrows: error: {bad}", file=sys.stderr)
             return 2
-    finder = _keep_pandas_out(args) if own_process else None
+    if own_process:
+        from chainrows.memory.process import keep_pandas_out
+
+        finder = keep_pandas_out()
+    else:
+        finder = None
     from chainrows.errors import InputError, WriteError, write_error
     from chainrows.outdir.atomic import OutputExistsError, on_commit
 

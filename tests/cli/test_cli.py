@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chainrows.cli import main as cli_main
-from chainrows.memory.process import HUGE_PAGES_ENV
+from chainrows.memory.process import HUGE_PAGES_ENV, NoPandas
 from tests.support.cli_worker import (  # noqa: F401  (cli is a fixture)
     assert_clean_error,
     assert_ran,
@@ -826,15 +826,14 @@ def test_the_command_keeps_pandas_out_of_its_process(good, tmp_path, module):
 
 
 def test_pandas_is_kept_out_only_while_the_commands_own_process_runs(monkeypatch):
-    import argparse
-
     from chainrows import cli as cli_module
+    from chainrows.memory.process import keep_pandas_out
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delitem(sys.modules, "pandas", raising=False)
     before = list(sys.meta_path)
-    finder = cli_module._keep_pandas_out(argparse.Namespace(ray=""))  # Ray core does without pandas
-    assert sys.meta_path[0] is finder
+    finder = keep_pandas_out()
+    assert sys.meta_path[0] is finder and keep_pandas_out() is None  # one finder at most
     with pytest.raises(ModuleNotFoundError):
         import pandas  # noqa: F401
     sys.meta_path.remove(finder)
@@ -842,7 +841,7 @@ def test_pandas_is_kept_out_only_while_the_commands_own_process_runs(monkeypatch
     assert sys.meta_path == before
     seen = []
     monkeypatch.setattr(cli_module, "_print_version",
-                        lambda a: seen.append(any(isinstance(f, cli_module._NoPandas) for f in sys.meta_path)) or 0)
+                        lambda a: seen.append(any(isinstance(f, NoPandas) for f in sys.meta_path)) or 0)
     assert cli_module.main(["--version"], own_process=True) == 0
     assert seen == [True] and sys.meta_path == before  # in place while the command ran, then removed
 

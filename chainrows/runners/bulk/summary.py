@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chainrows.api import Result
 from chainrows.outdir.provenance import describe, option_flags
 from chainrows.progress import human_bytes
+
+if TYPE_CHECKING:
+    from chainrows.api import Result
 
 UNTRAINED_WARN_SHARE = 0.05  # of the ok rollouts' generated tokens, untrained: the summary warns
 

@@ -21,7 +21,6 @@ import time
 
 import numpy as np
 
-from chainrows.api import run_tables
 from chainrows.formats.native.footers import input_fingerprint
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
 from chainrows.options import Options
@@ -45,7 +44,7 @@ SPREAD = "SPREAD"
 
 def run(dataset, out, options: Options | None = None, *, address: str | None = None,
         buckets: int | None = None, num_cpus: int | None = None, progress: bool | None = None,
-        engine=run_tables, records: list | None = None, worker_logs: bool = True) -> Summary:
+        engine=None, records: list | None = None, worker_logs: bool = True) -> Summary:
     """Reassemble ``dataset`` into ``out`` on Ray; returns the run's summary (path ``ray``).
 
     ``dataset``, ``out``: local paths (on a shared mount for a multi-node cluster) or
@@ -53,7 +52,7 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     ``auto`` or ``ray://host:port`` joins a cluster. ``buckets``: decide tasks (default: from
     the input size and the cluster's CPUs). ``progress``: a progress line per stage on stderr
     (None: when stderr is a terminal). ``engine(ledger, tokens, rollouts, options)``: the
-    in-memory engine each task runs (a seam for tests). ``records``: a list that receives one
+    in-memory engine each task runs (None: ``chainrows.api.run_tables``; a seam for tests). ``records``: a list that receives one
     dict per decide task (bucket, bytes in and out, seconds, the Ray node that ran it), for
     measurements. ``worker_logs``: copy the workers' output to
     this process's stderr (chainrows.runners.ray.cluster.connected).

@@ -8,6 +8,8 @@ driver builds a :class:`GroupMap` from it first (hash of each rollout id -> buck
 read task routes its rows with it, without seeing any other table.
 
 Keys are 64-bit hashes (:func:`chainrows.runners.bulk.partition.string_hashes`), never strings.
+The kernels are imported where they run (in the tasks): the driver, which builds the map from
+arrays the tasks hash, loads no engine.
 Two distinct rollout ids with one hash read as one rollout here, so their buckets are merged
 (:func:`merge_buckets`); merging buckets only puts more whole groups in one task, so the routing
 stays exact whatever collides. A later rollouts row naming another group merges the same way.
@@ -20,9 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from chainrows.lowering.take import take_rows
-from chainrows.runners.bulk.partition import string_hashes
 
 OWN_GROUP_SALT = np.uint64(0x9E3779B97F4A7C15)  # a rollout alone in its group: key = hash(id) ^ salt
 
@@ -47,6 +46,8 @@ def bucket_of(keys: np.ndarray, buckets: int) -> np.ndarray:
 def group_keys(rollout_ids, group_ids) -> tuple[np.ndarray, np.ndarray]:
     """Per rollouts row: (hash of the rollout id, key of the group the row names). The key is
     the group id's hash, or for a null group id the rollout's own key (see :func:`own_keys`)."""
+    from chainrows.runners.bulk.partition import string_hashes
+
     rid = string_hashes(rollout_ids)
     gid = string_hashes(group_ids)
     valid = np.asarray(pc.is_valid(group_ids).to_numpy(zero_copy_only=False), dtype=bool) \
@@ -106,6 +107,8 @@ class GroupMap:
 
     def buckets_of(self, rollout_ids) -> np.ndarray:
         """The decide task (bucket) of each row with these rollout ids."""
+        from chainrows.runners.bulk.partition import string_hashes
+
         h = string_hashes(rollout_ids)
         out = bucket_of(own_keys(h), self.buckets)
         if len(self.hashes) and len(h):
@@ -123,6 +126,8 @@ def split_by_bucket(table: pa.Table, bucket: np.ndarray, buckets: int) -> list[p
     bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
     if np.count_nonzero(np.diff(bounds)) == 1:  # one bucket: no copy
         return [table if hi > lo else None for lo, hi in zip(bounds[:-1], bounds[1:])]
+    from chainrows.lowering.take import take_rows
+
     grouped = take_rows(table, order)
     return [grouped.slice(lo, hi - lo) if hi > lo else None for lo, hi in zip(bounds[:-1], bounds[1:])]
 

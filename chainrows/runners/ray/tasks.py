@@ -26,11 +26,9 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from chainrows.api import run_tables
 from chainrows.formats.native.dataset import TABLES
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
-from chainrows.lowering.take import take_rows
-from chainrows.memory.process import apply_huge_pages_choice
+from chainrows.memory.process import apply_huge_pages_choice, keep_pandas_out
 from chainrows.options import Options
 from chainrows.outdir.parquet import WRITE_OPTIONS, row_group_rows
 from chainrows.outdir.provenance import with_provenance
@@ -51,7 +49,8 @@ class Plan:
     order (:func:`chainrows.runners.ray.source.read_plan`); ``fs``: the input's filesystem; ``out_fs`` and
     ``parts_dir``: where parts are staged; ``buckets``: decide tasks; ``bounds``: the output
     ranges' rollout-id bounds (``len(bounds) + 1`` ranges); ``provenance``: the outputs'
-    metadata; ``engine(ledger, tokens, rollouts, options)``: the in-memory engine."""
+    metadata; ``engine(ledger, tokens, rollouts, options)``: the in-memory engine (None:
+    ``chainrows.api.run_tables``)."""
 
     tables: dict[str, TableFiles]
     reads: list[Read]
@@ -63,7 +62,7 @@ class Plan:
     buckets: int
     bounds: pa.Array
     provenance: dict
-    engine: Callable = run_tables
+    engine: Callable | None = None
 
     @property
     def ranges(self) -> int:
@@ -115,7 +114,11 @@ def decide(plan: Plan, bucket: int, *pieces) -> tuple:
         mine = [p for read, p in zip(plan.reads, pieces) if read.table == name and p is not None]
         tables.append(pa.concat_tables(mine) if mine else plan.tables[name].schema.empty_table())
     in_bytes = sum(t.nbytes for t in tables)
-    result = plan.engine(*tables, plan.options)
+    if plan.engine is None:
+        from chainrows.api import run_tables as engine
+    else:
+        engine = plan.engine
+    result = engine(*tables, plan.options)
     del tables, pieces
     rows_cut = cut_sorted(result.rows["rollout_id"], plan.bounds)
     report_cut = cut_sorted(result.report["rollout_id"], plan.bounds)
@@ -146,6 +149,8 @@ def write_range(plan: Plan, r: int, *pieces) -> list[dict]:
             continue
         table = pa.concat_tables(parts)
         if len(parts) > 1:  # each part is sorted and holds whole rollouts: only their interleaving is new
+            from chainrows.lowering.take import take_rows
+
             table = take_rows(table, pc.sort_indices(table, sort_keys=order).to_numpy())
         path = f"{plan.parts_dir}/{name}/{uuid.uuid4().hex}.parquet"
         schema = with_provenance(schema, plan.provenance)
@@ -165,15 +170,17 @@ def _worker_settings() -> None:
     """A Ray worker's settings, as the ``chainrows`` command sets its own process: kernel
     threads (Numba's setting, for this thread) and Arrow's compute threads as many as Ray gave
     this task CPUs (Ray runs one task per CPU; more threads would only compete with the
-    neighbouring tasks), and no transparent huge pages unless ``CHAINROWS_HUGE_PAGES=system``
+    neighbouring tasks), no transparent huge pages unless ``CHAINROWS_HUGE_PAGES=system``
     (docs/limits.md "Huge pages": on a VM whose host reclaims free memory they cost more to
-    fault in than everything else the task does)."""
+    fault in than everything else the task does), and no pandas (the workers of a chainrows
+    run import the engine only after this, in the task)."""
     import numba
 
     ray = _ray_session()
     if ray is None:
         return
     apply_huge_pages_choice()
+    keep_pandas_out()
     cpus = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
     numba.set_num_threads(min(cpus, numba.config.NUMBA_NUM_THREADS))
     if pa.cpu_count() != cpus:
