@@ -6,8 +6,9 @@ root). One namespaced subprocess (this file run as a script) starts a cluster of
 a 1-CPU head (``ray start --head --block``) and a 1-CPU second raylet joined to it (``ray start
 --address``, a temp dir and agent ports of its own). It runs every scenario against that cluster
 (the API with ``address="auto"``, the CLI with ``--ray auto`` and once with a local Ray of its
-own), then stops both raylets by their pids. With one CPU per node and at least 4 decide tasks,
-Ray spreads the tasks over both nodes; the tasks' records say which node ran each. The expected
+own), then stops both raylets by their pids (and the PID namespace ends whatever a crashed runner
+leaves). The tasks are spread over the nodes (``scheduling_strategy="SPREAD"``); the decide
+tasks' records say which node ran each. The expected
 outputs come from the single-process CLI in the pytest process; the tests compare.
 
 Datasets are small ``chainrows synth`` datasets made messy: token rows in random order, every
@@ -38,6 +39,10 @@ from chainrows.outdir.provenance import read_provenance
 pytestmark = pytest.mark.slow  # tests/README.md: Ray sessions
 
 HERE = Path(__file__).resolve()
+# a network namespace with only loopback, and a PID namespace whose first process is the runner:
+# however the runner ends (a crash in Ray's C++ core included), the kernel ends every process of
+# the session's cluster with it
+NAMESPACE = ["unshare", "--net", "--pid", "--fork", "--mount-proc"]
 SESSION_TIMEOUT_S = 420
 
 
@@ -133,7 +138,7 @@ def parts(out: Path, name: str) -> int:
 def _netns_ok() -> str | None:
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return "unshare or ip not installed"
-    probe = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up"], capture_output=True, text=True)
+    probe = subprocess.run([*NAMESPACE, "sh", "-c", "ip link set lo up"], capture_output=True, text=True)
     return None if probe.returncode == 0 else f"unshare --net not permitted here: {probe.stderr.strip()}"
 
 
@@ -156,7 +161,7 @@ def _run_session(work: Path):
     plan = work / "plan.json"
     t0 = time.perf_counter()
     # the runner starts its head while the datasets and the references are built here
-    proc = subprocess.Popen(["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$1" "$2"',
+    proc = subprocess.Popen([*NAMESPACE, "sh", "-c", 'ip link set lo up && exec "$0" "$1" "$2"',
                              sys.executable, str(HERE), str(plan)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(work))
     try:
