@@ -52,7 +52,7 @@ class FileFacts:
     column_stored: Mapping[str, int] | None = None
     column_decoded: Mapping[str, int] | None = None
     group_rows: tuple[int, ...] = ()
-    group_decoded: tuple[int, ...] = ()  # per row group, all columns: what a read of it holds, about
+    group_decoded: tuple[int, ...] = ()  # per row group, all columns: at most what a read of it holds
 
     def stored_of(self, columns: Iterable[str]) -> int:
         """Uncompressed bytes of the named top-level columns (a name the file lacks counts 0).

@@ -20,6 +20,15 @@ def import_ray():
     return ray
 
 
+def session_held() -> bool:
+    """Whether this process already holds a Ray session (which :func:`connected` then uses as
+    is): its workers are the caller's, not a chainrows run's alone."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 @contextlib.contextmanager
 def connected(address: str | None, num_cpus: int | None = None, *, worker_logs: bool = True):
     """Inside: a Ray session. ``address`` None starts a local Ray (``num_cpus`` CPUs, default all)

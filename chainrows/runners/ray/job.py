@@ -4,7 +4,8 @@ Tasks (chainrows.runners.ray.tasks), Arrow tables from end to end, one shuffle o
 
     rollout_keys  one per rollouts file     -> the group map (rollout -> bucket) and the
                                                output ranges' bounds, built here
-    split_file    one per input file        -> the file's rows, one piece per bucket
+    split_file    one per file or run of row groups (<= 128 MiB decoded)
+                                            -> its rows, one piece per bucket
     decide        one per bucket            -> whole GRPO groups through the engine; rows and
                                                report, one piece per output range
     write_range   one per output range      -> one rows part and one report part
@@ -16,10 +17,12 @@ read in file-name order, the tables of the single-process run.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 import numpy as np
+import pyarrow as pa
 
 from chainrows.formats.native.footers import input_fingerprint
 from chainrows.formats.native.schema import REPORT_SCHEMA, rows_schema
@@ -28,10 +31,10 @@ from chainrows.outdir.provenance import make_provenance, with_provenance
 from chainrows.progress import Progress
 from chainrows.runners.bulk.summary import Summary
 from chainrows.runners.ray import tasks
-from chainrows.runners.ray.cluster import connected, input_error_in
+from chainrows.runners.ray.cluster import connected, input_error_in, session_held
 from chainrows.runners.ray.commit import Staging
 from chainrows.runners.ray.route import GroupMap, range_bounds
-from chainrows.runners.ray.source import Location, check_tables, locate, read_plan
+from chainrows.runners.ray.source import check_tables, locate, read_plan
 
 BUCKET_BYTES = 256 << 20  # decoded input per decide task (footer estimate): the engine holds a few times this
 READ_BYTES = 128 << 20  # decoded input per split task at most, unless one row group is larger
@@ -40,6 +43,7 @@ TASKS_PER_CPU = 2
 # and Ray's default (the node holding most of a task's inputs, while it has room) would queue
 # the decide tasks where the first reads ran
 SPREAD = "SPREAD"
+SETTLE_SECONDS = 60  # after an error, how long the tasks still running may take to end
 
 
 def run(dataset, out, options: Options | None = None, *, address: str | None = None,
@@ -67,18 +71,21 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     sizes, reads = read_plan(src, tables, READ_BYTES)
     has_lp = "logprobs" in tables["tokens"].columns
     prov = make_provenance(options, input_fingerprint([p for t in tables.values() for p in t.paths], src.path, src.fs))
+    held = session_held()  # the caller's session: its workers are not this run's alone
     with connected(address, num_cpus, worker_logs=worker_logs) as ray:
         n = buckets or default_buckets(int(ray.cluster_resources().get("CPU", 1)), sizes.decoded)
+        plan = tasks.Plan(tables, reads, src.fs, dst.fs, "", options, has_lp, n, pa.array([], pa.string()), prov,
+                          engine, own_workers=not held)
         try:
             with Staging(dst) as stage:
-                got = _pipeline(ray, src, dst, stage, tables, reads, options, n, has_lp, engine, prov, progress)
+                got = _pipeline(ray, stage, plan, progress)
         except Exception as exc:
             found = input_error_in(exc)
             if found is not None and found is not exc:
                 raise found from None
             raise
     summary = Summary(input_bytes=sizes.stored, decoded_bytes=sizes.decoded, path="ray", batches=n,
-                      why=f"{n:,} decide tasks on {'a local Ray' if address is None else address}",
+                      why=f"{n:,} decide tasks on {_where(address, held)}",
                       provenance=prov, dataset=str(dataset))
     for r in got:
         summary.merge(Summary.from_counts(r["counts"]))
@@ -97,29 +104,39 @@ def default_buckets(cpus: int, decoded_bytes: int) -> int:
     return math.ceil(n / cpus) * cpus
 
 
-def _pipeline(ray, src: Location, dst: Location, stage: Staging, tables, reads, options, n: int,
-              has_lp: bool, engine, prov: dict, progress: bool | None) -> list[dict]:
-    """Run the tasks and place their parts (both outputs carrying ``prov``); returns the decide
-    tasks' records in bucket order."""
+def _pipeline(ray, stage: Staging, plan: tasks.Plan, progress: bool | None) -> list[dict]:
+    """Run the tasks and place their parts (both outputs carrying the plan's provenance);
+    returns the decide tasks' records in bucket order."""
     parts_dir = f"{stage.root}/parts"
+    fs = plan.out_fs
     for d in (f"{parts_dir}/rows", f"{parts_dir}/report"):
-        dst.fs.create_dir(d, recursive=True)
-    groups, bounds = _group_map(ray, src, tables, n, progress)
-    plan = tasks.Plan(tables, reads, src.fs, dst.fs, parts_dir, options, has_lp, n, bounds, prov, engine)
-    # on an error, what is still running ends with the session (a driver that leaves ends its
-    # job's tasks); ray.cancel here crashed Ray 2.60's driver (task_manager.cc: "Tried to
-    # complete task that was not pending")
+        fs.create_dir(d, recursive=True)
+    groups, bounds = _group_map(ray, plan, progress)
+    plan = dataclasses.replace(plan, parts_dir=parts_dir, bounds=bounds)
     read_infos, decide_records, written = _launch(ray, plan, groups)
-    _wait(ray, read_infos, "read", progress)
-    records = _wait(ray, decide_records, "decide", progress)
-    parts = [p for got in _wait(ray, written, "write", progress) for p in got]
-    for name, schema in (("rows", rows_schema(has_lp)), ("report", REPORT_SCHEMA)):
+    try:
+        _wait(ray, read_infos, "read", progress)
+        records = _wait(ray, decide_records, "decide", progress)
+        parts = [p for got in _wait(ray, written, "write", progress) for p in got]
+    except Exception:
+        # no ray.cancel (it crashed Ray 2.60's driver: task_manager.cc "Tried to complete task
+        # that was not pending"); the tasks that still run are let finish, for a while, so that
+        # none writes into the staging directory after it is deleted
+        ray.wait(written, num_returns=len(written), timeout=SETTLE_SECONDS)
+        raise
+    for name, schema in (("rows", rows_schema(plan.has_logprobs)), ("report", REPORT_SCHEMA)):
         files = [p["file"] for p in sorted(parts, key=lambda p: p["range"]) if p["output"] == name]
         if not files:  # an empty output is one empty part, as the single-process run writes one
             files = [f"{parts_dir}/{name}/empty.parquet"]
-            tasks.write_parquet(dst.fs, files[0], with_provenance(schema.empty_table(), prov))
+            tasks.write_parquet(fs, files[0], with_provenance(schema.empty_table(), plan.provenance))
         stage.place(name, files)
     return sorted(records, key=lambda r: r["bucket"])
+
+
+def _where(address: str | None, held: bool) -> str:
+    if held:
+        return "the Ray session this process holds"
+    return "a local Ray" if address is None else address
 
 
 def _launch(ray, plan: tasks.Plan, groups) -> tuple[list, list, list]:
@@ -136,12 +153,13 @@ def _launch(ray, plan: tasks.Plan, groups) -> tuple[list, list, list]:
     return [s[0] for s in splits], [d[0] for d in decided], written
 
 
-def _group_map(ray, src: Location, tables, n: int, progress: bool | None):
-    """The rollouts table's group map (chainrows.runners.ray.route.GroupMap) for ``n`` buckets,
-    and the output ranges' bounds (one range per bucket), from one task per rollouts file."""
-    tf = tables["rollouts"]
+def _group_map(ray, plan: tasks.Plan, progress: bool | None):
+    """The rollouts table's group map (chainrows.runners.ray.route.GroupMap) for the plan's
+    buckets, and the output ranges' bounds (at most one range per bucket), from one task per
+    rollouts file."""
+    tf, n = plan.tables["rollouts"], plan.buckets
     keys = ray.remote(tasks.rollout_keys).options(num_returns=1)
-    refs = [keys.remote(src.fs, tf, i) for i in range(len(tf.paths))]
+    refs = [keys.remote(plan.fs, tf, i, plan.own_workers) for i in range(len(tf.paths))]
     got = _wait(ray, refs, "rollouts", progress)
     hashes = np.concatenate([g[0] for g in got]) if got else np.zeros(0, np.uint64)
     group_keys = np.concatenate([g[1] for g in got]) if got else np.zeros(0, np.uint64)

@@ -155,7 +155,19 @@ def sample_ids(rollout_ids, size: int) -> pa.Array:
 
 def cut_sorted(ids, bounds: pa.Array) -> np.ndarray:
     """Row offsets cutting ``ids`` (sorted) at each bound: range r is rows
-    ``cuts[r]:cuts[r + 1]`` (ids < bounds[0], then bounds[0] <= id < bounds[1], ...)."""
+    ``cuts[r]:cuts[r + 1]`` (ids < bounds[0], then bounds[0] <= id < bounds[1], ...). A binary
+    search per bound, comparing UTF-8 bytes as Arrow sorts them."""
     n = len(ids)
-    inner = [pc.sum(pc.less(ids, b)).as_py() or 0 for b in bounds.to_pylist()]
-    return np.array([0, *inner, n], dtype=np.int64)
+    cuts = [0]
+    for b in bounds.to_pylist():
+        key = b.encode()
+        lo, hi = cuts[-1], n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ids[mid].as_py().encode() < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        cuts.append(lo)
+    cuts.append(n)
+    return np.array(cuts, dtype=np.int64)

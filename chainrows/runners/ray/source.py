@@ -196,16 +196,28 @@ def read_file(fs: pafs.FileSystem, tf: TableFiles, i: int, columns: list[str] | 
               row_groups: range | None = None):
     """Yield file ``i`` of table ``tf`` (its ``row_groups``, default all) batch by batch as
     normalized tables of ``columns`` (default: the table's columns): the single-process
-    reader's checks and normalization, with its InputError messages. An InputError leaves with
-    its message also kept as an attribute, which survives pickling (Ray rewrites a task's
-    exception)."""
+    reader's checks and normalization, with its InputError messages. A run of row groups that
+    meets unusable input reads the whole file for the error, so that the message is the one a
+    whole-file read gives (a short read counts the file's rows, not the run's). An InputError
+    leaves with its message also kept as an attribute, which survives pickling (Ray rewrites a
+    task's exception)."""
     columns = tf.columns if columns is None else columns
     read_cols = [c for c in tf.present[i] if c in columns]
-    try:
+
+    def tables(groups):
         for _, table in iter_file_tables(tf.name, tf.shown[i], columns, read_cols, READ_BATCH_ROWS,
-                                         open_file=lambda: fs.open_input_file(tf.paths[i]),
-                                         row_groups=row_groups):
+                                         open_file=lambda: fs.open_input_file(tf.paths[i]), row_groups=groups):
             yield table
+
+    try:
+        try:
+            yield from tables(row_groups)
+        except InputError:
+            if row_groups is None:
+                raise
+            for _ in tables(None):  # the whole file's first error, if it has one
+                pass
+            raise
     except InputError as exc:
         setattr(exc, ONE_LINE, str(exc))
         raise

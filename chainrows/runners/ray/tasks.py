@@ -2,7 +2,8 @@
 
 - :func:`rollout_keys`: one rollouts file -> its rows' rollout-id hashes and group keys, and a
   sample of its ids (the driver builds the group map and the output ranges from these);
-- :func:`split_file`: one input file -> its rows cut into one piece per decide task;
+- :func:`split_file`: one input file, or one run of its row groups -> its rows cut into one
+  piece per decide task;
 - :func:`decide`: one bucket's pieces -> the in-memory engine on its whole groups -> the rows
   and report cut into one piece per output range;
 - :func:`write_range`: one range's pieces from every decide task -> one rows part and one
@@ -50,7 +51,8 @@ class Plan:
     ``parts_dir``: where parts are staged; ``buckets``: decide tasks; ``bounds``: the output
     ranges' rollout-id bounds (``len(bounds) + 1`` ranges); ``provenance``: the outputs'
     metadata; ``engine(ledger, tokens, rollouts, options)``: the in-memory engine (None:
-    ``chainrows.api.run_tables``)."""
+    ``chainrows.api.run_tables``); ``own_workers``: the workers serve this run alone (a session
+    the run started or joined itself), so they may be set up as the command's own process is."""
 
     tables: dict[str, TableFiles]
     reads: list[Read]
@@ -63,16 +65,19 @@ class Plan:
     bounds: pa.Array
     provenance: dict
     engine: Callable | None = None
+    own_workers: bool = True
 
     @property
     def ranges(self) -> int:
         return len(self.bounds) + 1
 
 
-def rollout_keys(fs: pafs.FileSystem, tf: TableFiles, i: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+def rollout_keys(fs: pafs.FileSystem, tf: TableFiles, i: int, own_workers: bool = True
+                 ) -> tuple[np.ndarray, np.ndarray, pa.Array]:
     """Rollouts file ``i``: per row in read order (rollout-id hash, group key), and a sample of
-    its rollout ids (:func:`chainrows.runners.ray.route.sample_ids`)."""
-    _worker_settings()
+    its rollout ids (:func:`chainrows.runners.ray.route.sample_ids`). ``own_workers``: as
+    :attr:`Plan.own_workers`."""
+    _worker_settings(own_workers)
     hashes, keys, ids = [], [], []
     for table in read_file(fs, tf, i, ["rollout_id", "group_id"]):
         h, k = group_keys(table["rollout_id"], table["group_id"])
@@ -88,7 +93,7 @@ def split_file(plan: Plan, k: int, groups: GroupMap) -> tuple:
     """Read ``plan.reads[k]``: (info, piece for bucket 0, ..., piece for bucket B - 1); a piece
     holds the read's rows of that bucket in read order, or is None. ``info``: rows and Arrow
     bytes read."""
-    _worker_settings()
+    _worker_settings(plan.own_workers)
     name, i, row_groups = plan.reads[k]
     per_bucket: list[list[pa.Table]] = [[] for _ in range(plan.buckets)]
     rows = nbytes = 0
@@ -108,7 +113,7 @@ def decide(plan: Plan, bucket: int, *pieces) -> tuple:
     engine: (record, piece for range 0, ..., piece for range R - 1), a range's piece being
     (rows, report) or None. The record: bucket, counts, bytes in and out, seconds, node."""
     t0 = time.perf_counter()
-    _worker_settings()
+    _worker_settings(plan.own_workers)
     tables = []
     for name in TABLES:
         mine = [p for read, p in zip(plan.reads, pieces) if read.table == name and p is not None]
@@ -139,7 +144,7 @@ def write_range(plan: Plan, r: int, *pieces) -> list[dict]:
     """Range ``r``'s pieces from every decide task: its rows and report as one Parquet part
     each under ``parts_dir/{rows,report}/`` (with the provenance), sorted as the single-process
     run sorts them. Returns one record per file written: output, file, range, rows."""
-    _worker_settings()
+    _worker_settings(plan.own_workers)
     got = [p for p in pieces if p is not None]
     records = []
     for k, name, order, schema in ((0, "rows", ROWS_ORDER, rows_schema(plan.has_logprobs)),
@@ -166,21 +171,22 @@ def write_parquet(fs: pafs.FileSystem, path: str, table: pa.Table) -> int:
     return fs.get_file_info(path).size
 
 
-def _worker_settings() -> None:
-    """A Ray worker's settings, as the ``chainrows`` command sets its own process: kernel
-    threads (Numba's setting, for this thread) and Arrow's compute threads as many as Ray gave
-    this task CPUs (Ray runs one task per CPU; more threads would only compete with the
-    neighbouring tasks), no transparent huge pages unless ``CHAINROWS_HUGE_PAGES=system``
-    (docs/limits.md "Huge pages": on a VM whose host reclaims free memory they cost more to
-    fault in than everything else the task does), and no pandas (the workers of a chainrows
-    run import the engine only after this, in the task)."""
+def _worker_settings(own_workers: bool) -> None:
+    """A Ray worker's settings: kernel threads (Numba's setting, for this thread) and Arrow's
+    compute threads as many as Ray gave this task CPUs (Ray runs one task per CPU; more threads
+    would only compete with the neighbouring tasks). Workers that serve this run alone are also
+    set up as the ``chainrows`` command sets its own process: no transparent huge pages unless
+    ``CHAINROWS_HUGE_PAGES=system`` (docs/limits.md "Huge pages": on a VM whose host reclaims
+    free memory they cost more to fault in than everything else the task does), and no pandas
+    (they import the engine only after this, in the task)."""
     import numba
 
     ray = _ray_session()
     if ray is None:
         return
-    apply_huge_pages_choice()
-    keep_pandas_out()
+    if own_workers:
+        apply_huge_pages_choice()
+        keep_pandas_out()
     cpus = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
     numba.set_num_threads(min(cpus, numba.config.NUMBA_NUM_THREADS))
     if pa.cpu_count() != cpus:

@@ -256,3 +256,34 @@ def test_reads_of_row_group_runs_give_the_whole_file_in_order(tmp_path):
         for g in runs:
             list(read_file(loc.fs, tables["tokens"], 0, row_groups=g))
     assert "tokens.parquet" in str(err.value)
+
+
+def test_a_short_read_in_a_run_of_row_groups_gives_the_whole_file_message(tmp_path, monkeypatch):
+    """A damaged page can make pyarrow return fewer rows than the footer promises; read in runs
+    of row groups, the message still counts the whole file's rows, as the single-process read
+    does."""
+    import pyarrow.parquet as pq
+
+    from chainrows.formats.native import dataset as dsio
+    from chainrows.runners.ray.source import check_tables, locate, read_file, read_plan
+    from chainrows.synth import write_synth_dataset
+
+    write_synth_dataset(tmp_path / "data", 40, seed=1)
+    tokens = tmp_path / "data" / "tokens.parquet"
+    pq.write_table(pq.read_table(tokens), tokens, row_group_size=7)
+    loc = locate(tmp_path / "data")
+    tables = check_tables(loc)
+    runs = [r.row_groups for r in read_plan(loc, tables, 4096)[1] if r.table == "tokens"]
+    real = pq.ParquetFile.iter_batches
+
+    def short(self, *args, **kwargs):  # the last row of every batch lost, no error raised
+        for batch in real(self, *args, **kwargs):
+            yield batch.slice(0, batch.num_rows - 1)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", short)
+    with pytest.raises(InputError) as whole:
+        list(dsio.iter_file_tables("tokens", tables["tokens"].shown[0], tables["tokens"].columns,
+                                   tables["tokens"].present[0], 1 << 16))
+    with pytest.raises(InputError) as in_run:
+        list(read_file(loc.fs, tables["tokens"], 0, row_groups=runs[1]))
+    assert str(in_run.value) == str(whole.value) and "footer says" in str(whole.value)
