@@ -14,8 +14,8 @@ filled, the files read once), interleaved, best of ``--repeats`` for each figure
 - single: ``python -m chainrows reassemble DATA OUT --no-progress`` in a fresh process;
 - Ray: a fresh process in the loopback-only namespace starts a local Ray of ``--cpus`` CPUs
   ("Ray start": from the process start to ``ray.init`` returned), runs
-  ``chainrows.runners.ray.job.run`` ("Ray run": chainrows' imports included, as in the single
-  process) and shuts Ray down ("Ray shutdown": to the process end);
+  ``chainrows.runners.ray.job.run`` with ``exclusive=True`` (its workers set up as those of the
+  Ray the CLI starts; "Ray run": chainrows' imports included, as in the single process) and shuts Ray down ("Ray shutdown": to the process end);
 - with ``--cli``: ``chainrows reassemble DATA OUT --ray`` in a fresh namespaced process.
 
 CPU is the whole process tree's (``asv_benchmarks.tree_cpu``: a cgroup per run, or sampling
@@ -57,7 +57,7 @@ started = mark()
 from chainrows.options import Options
 from chainrows.runners.ray.job import run
 records = []
-summary = run(sys.argv[1], sys.argv[2], Options(), progress=False, records=records)
+summary = run(sys.argv[1], sys.argv[2], Options(), progress=False, records=records, exclusive=True)
 ran = mark()
 ray.shutdown()
 print(json.dumps({"started": started, "ran": ran, "input_bytes": summary.input_bytes,

@@ -48,7 +48,8 @@ SETTLE_SECONDS = 60  # after an error, how long the tasks still running may take
 
 def run(dataset, out, options: Options | None = None, *, address: str | None = None,
         buckets: int | None = None, num_cpus: int | None = None, progress: bool | None = None,
-        engine=None, records: list | None = None, worker_logs: bool = True) -> Summary:
+        engine=None, records: list | None = None, worker_logs: bool = True,
+        exclusive: bool | None = None) -> Summary:
     """Reassemble ``dataset`` into ``out`` on Ray; returns the run's summary (path ``ray``).
 
     ``dataset``, ``out``: local paths (on a shared mount for a multi-node cluster) or
@@ -56,10 +57,13 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     ``auto`` or ``ray://host:port`` joins a cluster. ``buckets``: decide tasks (default: from
     the input size and the cluster's CPUs). ``progress``: a progress line per stage on stderr
     (None: when stderr is a terminal). ``engine(ledger, tokens, rollouts, options)``: the
-    in-memory engine each task runs (None: ``chainrows.api.run_tables``; a seam for tests). ``records``: a list that receives one
-    dict per decide task (bucket, bytes in and out, seconds, the Ray node that ran it), for
-    measurements. ``worker_logs``: copy the workers' output to
-    this process's stderr (chainrows.runners.ray.cluster.connected).
+    in-memory engine each task runs (None: ``chainrows.api.run_tables``; a seam for tests).
+    ``records``: a list that receives one dict per decide task (bucket, bytes in and out,
+    seconds, the Ray node that ran it), for measurements. ``worker_logs``: copy the workers'
+    output to this process's stderr (chainrows.runners.ray.cluster.connected). ``exclusive``:
+    the Ray workers serve this run alone, so they are set up as the command's own process is
+    (no pandas, no transparent huge pages; ``tasks.Plan.own_workers``); None: when this run
+    starts or joins the session itself, not in a session this process already holds.
 
     Unusable input raises InputError (the single-process messages), before Ray starts when the
     footers tell. On any error nothing is committed and earlier outputs stay.
@@ -71,11 +75,11 @@ def run(dataset, out, options: Options | None = None, *, address: str | None = N
     sizes, reads = read_plan(src, tables, READ_BYTES)
     has_lp = "logprobs" in tables["tokens"].columns
     prov = make_provenance(options, input_fingerprint([p for t in tables.values() for p in t.paths], src.path, src.fs))
-    held = session_held()  # the caller's session: its workers are not this run's alone
+    held = session_held()
     with connected(address, num_cpus, worker_logs=worker_logs) as ray:
         n = buckets or default_buckets(int(ray.cluster_resources().get("CPU", 1)), sizes.decoded)
         plan = tasks.Plan(tables, reads, src.fs, dst.fs, "", options, has_lp, n, pa.array([], pa.string()), prov,
-                          engine, own_workers=not held)
+                          engine, own_workers=not held if exclusive is None else exclusive)
         try:
             with Staging(dst) as stage:
                 got = _pipeline(ray, stage, plan, progress)

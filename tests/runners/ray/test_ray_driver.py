@@ -34,6 +34,8 @@ class _Remote:
 
     def remote(self, *args):
         self.calls[self.fn.__name__] += 1
+        values = [a.value if isinstance(a, _Ref) else a for a in args]
+        self.calls.update(f"plan.own_workers={v.own_workers}" for v in values if hasattr(v, "own_workers"))
         errors = [a.error for a in args if isinstance(a, _Ref) and a.error is not None]
         try:
             if errors:
@@ -142,3 +144,12 @@ def test_empty_dataset_writes_one_empty_part_each(tmp_path, fake_ray):
     for name in ("rows", "report"):
         assert read_output(tmp_path / "got", name).num_rows == 0
         assert parts(tmp_path / "got", name) == 1
+
+
+@pytest.mark.parametrize("exclusive, own", [(None, True), (True, True), (False, False)])
+def test_workers_are_set_up_as_the_runs_own_only_when_they_are(tmp_path, fake_ray, exclusive, own):
+    """No session held here: by default the run's workers are its own (pandas kept out, no huge
+    pages); ``exclusive=False`` leaves them as they are."""
+    data = messy_dataset(tmp_path / "data", 50, seed=6)
+    job.run(data, tmp_path / "got", Options(), buckets=2, progress=False, exclusive=exclusive)
+    assert fake_ray.calls[f"plan.own_workers={own}"] > 0 and fake_ray.calls[f"plan.own_workers={not own}"] == 0
