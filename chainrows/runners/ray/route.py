@@ -136,21 +136,25 @@ def range_bounds(samples: list[pa.Array], ranges: int) -> pa.Array:
     """Up to ``ranges - 1`` increasing rollout ids cutting the id space into ranges of about
     equal share of ``samples`` (sorted samples of the ids; any ids work, these balance)."""
     ids = pa.concat_arrays([s.cast(pa.string()) for s in samples]) if samples else pa.array([], pa.string())
-    ids = pc.unique(ids.drop_null())
+    ids = _sorted_distinct(ids)
     if ranges <= 1 or len(ids) == 0:
         return pa.array([], pa.string())
-    ids = ids.take(pc.sort_indices(ids))
     picks = np.unique(np.arange(1, ranges) * len(ids) // ranges)
     return pc.unique(ids.take(pa.array(picks[picks > 0])))
 
 
 def sample_ids(rollout_ids, size: int) -> pa.Array:
     """At most ``size`` evenly spaced ids of the sorted distinct ``rollout_ids``."""
-    ids = pc.unique(rollout_ids).drop_null()
-    ids = ids.take(pc.sort_indices(ids))
+    ids = _sorted_distinct(rollout_ids)
     if len(ids) <= size:
         return ids
     return ids.take(pa.array(np.arange(size) * len(ids) // size))
+
+
+def _sorted_distinct(ids) -> pa.Array:
+    """The distinct non-null ``ids``, in Arrow's (UTF-8 byte) order."""
+    ids = pc.unique(ids).drop_null()
+    return ids.take(pc.sort_indices(ids))
 
 
 def cut_sorted(ids, bounds: pa.Array) -> np.ndarray:
